@@ -1,0 +1,119 @@
+"""The memory report returned by `measure`, and byte-size parsing/formatting."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
+    "T": 2**40,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(size) -> int:
+    """Converts a byte size such as ``"512MB"``, ``"1.5GiB"`` or ``4096`` to bytes.
+
+    Decimal units (KB, MB, GB, TB) are powers of 1000; binary units (KiB, MiB,
+    GiB, TiB, or the bare letters K, M, G, T) are powers of 1024.
+
+    Args:
+      size: a non-negative int or float of bytes, or a string: a number followed
+        by an optional unit.
+
+    Returns:
+      The size in bytes, as an int.
+
+    Raises:
+      ValueError: if ``size`` is negative or not a recognised size.
+
+    Example:
+      >>> parse_bytes("512MiB")
+      536870912
+      >>> parse_bytes("1.5GB")
+      1500000000
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"Expected a byte size such as '512MB' or 4096. Received: {size!r}")
+    if isinstance(size, (int, float)):
+        value, unit = float(size), ""
+    elif isinstance(size, str):
+        match = _SIZE_PATTERN.match(size)
+        if not match or match.group(2).upper() not in _UNITS:
+            raise ValueError(
+                "Expected a byte size: a number with an optional unit "
+                f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '512MB'. Received: {size!r}"
+            )
+        value, unit = float(match.group(1)), match.group(2).upper()
+    else:
+        raise ValueError(f"Expected a byte size such as '512MB' or 4096. Received: {size!r}")
+    if value < 0:
+        raise ValueError(f"Expected a non-negative byte size. Received: {size!r}")
+    return int(round(value * _UNITS[unit]))
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Formats a byte count with a binary unit, e.g. ``format_bytes(3 * 2**20) == '3.00 MiB'``.
+
+    Args:
+      num_bytes: a number of bytes.
+
+    Returns:
+      A short human-readable string.
+    """
+    magnitude = abs(num_bytes)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if magnitude >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{int(num_bytes)} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """What one measured call of a function used.
+
+    Attributes:
+      device: the device measured, e.g. ``'CPU:0'`` or ``'GPU:0'``.
+      peak_bytes: the allocator's peak of live tensor bytes during the call.
+      baseline_bytes: tensor bytes already live before the call (weights,
+        inputs, anything the caller holds).
+      wall_time_s: wall time of the measured call, in seconds (median over
+        repeats).
+    """
+
+    device: str
+    peak_bytes: int
+    baseline_bytes: int
+    wall_time_s: float
+
+    @property
+    def peak_above_baseline_bytes(self) -> int:
+        """Peak minus baseline: what the call itself added at its worst moment."""
+        return self.peak_bytes - self.baseline_bytes
+
+    def as_dict(self) -> dict:
+        """The report as a plain dict (JSON-serialisable)."""
+        fields = dataclasses.asdict(self)
+        fields["peak_above_baseline_bytes"] = self.peak_above_baseline_bytes
+        return fields
+
+    def __str__(self) -> str:
+        return (
+            f"MemoryReport(device={self.device}, peak={format_bytes(self.peak_bytes)}, "
+            f"baseline={format_bytes(self.baseline_bytes)}, "
+            f"above baseline={format_bytes(self.peak_above_baseline_bytes)}, "
+            f"time={self.wall_time_s * 1e3:.1f} ms)"
+        )

@@ -1,0 +1,61 @@
+"""Reference workloads: small, dependency-free training steps to profile and to test the profiler."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def build_mlp_step(depth: int, width: int, seed: int = 0):
+    """Builds a plain deep tanh MLP and its ``tf.function`` training step.
+
+    Args:
+      depth: number of hidden ``width x width`` layers.
+      width: units per layer.
+      seed: weight initialisation seed.
+
+    Returns:
+      ``(step, variables)``: ``step(x, y)`` runs one SGD step on a batch
+      ``x: [B, width]``, ``y: [B, width]`` and returns the loss.
+    """
+    if depth < 1 or width < 1:
+        raise ValueError(f"Expected depth >= 1 and width >= 1. Received: depth={depth}, width={width}")
+    init = tf.random.stateless_normal
+    variables = [
+        tf.Variable(init([width, width], seed=[seed, i]) / width**0.5, name=f"kernel_{i}")
+        for i in range(depth)
+    ]
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = x
+            for kernel in variables:
+                h = tf.tanh(h @ kernel)
+            loss = tf.reduce_mean(tf.square(h - y))
+        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+            variable.assign_sub(0.01 * grad)
+        return loss
+
+    return step, variables
+
+
+def mlp_batch(batch_size: int, width: int, seed: int = 1):
+    """A synthetic regression batch ``(x, y)`` of shape ``[batch_size, width]``."""
+    x = tf.random.stateless_normal([batch_size, width], seed=[seed, 0])
+    y = tf.random.stateless_normal([batch_size, width], seed=[seed, 1])
+    return x, y
+
+
+def mlp_training_step(batch_size: int = 64, depth: int = 8, width: int = 256) -> float:
+    """Builds the MLP and runs one training step: a `run_capped` target.
+
+    Args:
+      batch_size: rows in the batch.
+      depth: hidden layers.
+      width: units per layer.
+
+    Returns:
+      The loss of the step.
+    """
+    step, _ = build_mlp_step(depth, width)
+    return float(step(*mlp_batch(batch_size, width)))

@@ -1,0 +1,147 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import memgrad
+from memgrad.profiler import MemoryStatsUnavailableError, format_bytes, parse_bytes, resolve_device
+
+BATCH, WIDTH, KEPT = 256, 1024, 32
+ACTIVATION_BYTES = BATCH * WIDTH * 4
+
+
+@tf.function
+def keep_chain(x):
+    """A chain whose KEPT activations are all returned, hence all alive at the end."""
+    outputs, h = [], x
+    for _ in range(KEPT):
+        h = tf.tanh(h)
+        outputs.append(h)
+    return outputs
+
+
+def test_peak_matches_analytic_bytes_of_kept_activations():
+    x = tf.random.normal([BATCH, WIDTH])
+    report = memgrad.measure(keep_chain, args=(x,), device="CPU:0")
+    expected = KEPT * ACTIVATION_BYTES
+    assert report.peak_above_baseline_bytes == pytest.approx(expected, rel=0.10)
+    assert report.baseline_bytes >= ACTIVATION_BYTES  # the input is live before the call
+    assert report.peak_bytes == report.baseline_bytes + report.peak_above_baseline_bytes
+    assert report.device == "CPU:0"
+    assert report.wall_time_s > 0
+
+
+def test_peak_scales_with_what_the_call_keeps():
+    x = tf.random.normal([BATCH, WIDTH])
+    small = memgrad.measure(tf.function(lambda x: [tf.tanh(x), tf.tanh(x) * 2.0]), args=(x,))
+    large = memgrad.measure(keep_chain, args=(x,))
+    assert large.peak_above_baseline_bytes / small.peak_above_baseline_bytes == pytest.approx(
+        KEPT / 2, rel=0.10
+    )
+
+
+def test_eager_call_and_kwargs_and_repeats():
+    def eager(x, scale=1.0):
+        return [tf.tanh(x) * scale for _ in range(4)]
+
+    x = tf.random.normal([BATCH, WIDTH])
+    report = memgrad.measure(eager, args=(x,), kwargs={"scale": 2.0}, repeats=3, warmup=0)
+    assert report.peak_above_baseline_bytes >= 4 * ACTIVATION_BYTES
+    assert report.as_dict()["peak_above_baseline_bytes"] == report.peak_above_baseline_bytes
+    assert "MiB" in str(report)
+
+
+def test_non_callable_is_rejected():
+    with pytest.raises(TypeError, match="expected a callable.*Received: 42"):
+        memgrad.measure(42)
+
+
+@pytest.mark.parametrize("device", ["TPU:0", "cpu", "CPU:x", 3, "/job:worker"])
+def test_malformed_device_is_rejected(device):
+    with pytest.raises(ValueError, match="Expected a device name such as 'CPU:0'"):
+        memgrad.measure(lambda: None, device=device)
+
+
+def test_absent_device_is_rejected():
+    with pytest.raises(ValueError, match="does not exist on this machine"):
+        resolve_device("CPU:7")
+    if not tf.config.list_logical_devices("GPU"):
+        with pytest.raises(ValueError, match="available GPU devices: none"):
+            memgrad.measure(lambda: None, device="GPU:0")
+
+
+def test_device_names_are_normalised():
+    assert resolve_device("/device:CPU:0") == "CPU:0"
+    assert resolve_device("cpu:0") == "CPU:0"
+    expected_default = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    assert resolve_device(None) == expected_default
+
+
+@pytest.mark.parametrize("bad", [{"warmup": -1}, {"repeats": 0}, {"repeats": 1.5}])
+def test_bad_counts_are_rejected(bad):
+    with pytest.raises(ValueError, match="Received"):
+        memgrad.measure(lambda: None, **bad)
+
+
+def _run_without_bfc(script, **extra_env):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(sys.path), **extra_env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+
+
+def test_default_cpu_allocator_measures_large_tensors_and_warns():
+    # Without TF_CPU_ALLOCATOR_USE_BFC, a default install still measures 1 MiB activations.
+    completed = _run_without_bfc(
+        """
+        import tensorflow as tf, memgrad
+        f = tf.function(lambda x: [x * float(i) for i in range(1, 17)])
+        r = memgrad.measure(f, args=(tf.ones([256, 1024]),))
+        print("RATIO", r.peak_above_baseline_bytes / (16 * 2**20))
+        """
+    )
+    ratio = float(completed.stdout.split("RATIO")[1])
+    assert ratio == pytest.approx(1.0, rel=0.10)
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true" in completed.stderr  # the coarse-statistics warning
+
+
+def test_missing_allocator_stats_raise_a_clear_error():
+    # With oneDNN off and no BFC allocator, TensorFlow keeps no CPU allocator statistics.
+    out = _run_without_bfc(
+        """
+        import memgrad
+        try:
+            memgrad.measure(lambda: None, device="CPU:0")
+        except memgrad.MemoryStatsUnavailableError as error:
+            print("RAISED:", error)
+        else:
+            print("NO ERROR")
+        """,
+        TF_ENABLE_ONEDNN_OPTS="0",
+    ).stdout
+    assert "RAISED:" in out
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true" in out
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("512MB", 512 * 10**6), ("512MiB", 512 * 2**20), ("1.5GiB", 3 * 2**29), ("64m", 64 * 2**20),
+     ("4096", 4096), (4096, 4096), ("2 KB", 2000), ("0", 0)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MB", "12 parsecs", "-5MB", -1, None, True, "1e3"])
+def test_parse_bytes_rejects_malformed_sizes(text):
+    with pytest.raises(ValueError, match="Received"):
+        parse_bytes(text)
+
+
+def test_format_bytes():
+    assert format_bytes(3 * 2**20) == "3.00 MiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(2**31) == "2.00 GiB"
