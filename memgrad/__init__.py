@@ -1,5 +1,7 @@
 """memgrad: train deeper and wider TensorFlow 2 models in less memory."""
 
+from memgrad import layers
+
 from memgrad.profiler import (
     BatchSearch,
     CappedRun,
@@ -15,6 +17,7 @@ from memgrad.profiler import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "layers",
     "BatchSearch",
     "CappedRun",
     "CappedRunError",

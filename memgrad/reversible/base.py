@@ -1,0 +1,113 @@
+"""`ReversibleBlock`: a layer whose input can be rebuilt from its output, and the shared helpers."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def split_channels(x):
+    """Splits a channels-last tensor into its two channel halves."""
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def per_example_sum(t):
+    """Sums over every axis but the first: a ``[batch]`` tensor."""
+    return tf.reduce_sum(t, axis=list(range(1, t.shape.rank)))
+
+
+def broadcast_per_example(per_example, like):
+    """Reshapes a ``[batch]`` tensor to broadcast against ``like``."""
+    return tf.reshape(per_example, [-1] + [1] * (like.shape.rank - 1))
+
+
+def add_gradients(a, b):
+    """Element-wise sum of two gradient lists in which ``None`` means zero."""
+    return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
+
+
+def layer_name(layer) -> str:
+    return f"{type(layer).__name__} '{getattr(layer, 'name', '?')}'"
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class ReversibleBlock(keras.layers.Layer):
+    """Base class of the blocks a `ReversibleSequence` runs.
+
+    A block maps ``x`` to ``y`` invertibly and reports the log-determinant of
+    its Jacobian per example. Subclasses implement `forward` and `inverse`; the
+    default `backward` is Algorithm 1 of Li & Grathwohl (2019): rebuild the input
+    with `inverse`, run `forward` again under a tape, and differentiate it. A
+    block with a cheaper fused backward (the couplings) overrides `backward`.
+
+    Example:
+      >>> class Scale(ReversibleBlock):
+      ...     def forward(self, x, training=None):
+      ...         return 2.0 * x, tf.fill([tf.shape(x)[0]], x.shape[-1] * tf.math.log(2.0))
+      ...     def inverse(self, y, training=None):
+      ...         return y / 2.0
+    """
+
+    def forward(self, x, training=None):
+        """Maps ``x`` to ``(y, logdet)``, with ``logdet`` of shape ``[batch]``.
+
+        Args:
+          x: the block's input.
+          training: Keras training flag, passed to inner layers.
+
+        Returns:
+          ``(y, logdet)``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(x, training)")
+
+    def inverse(self, y, training=None):
+        """Rebuilds the input ``x`` from the output ``y``.
+
+        Args:
+          y: the block's output.
+          training: Keras training flag, passed to inner layers.
+
+        Returns:
+          ``x`` such that ``forward(x)[0] == y``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement inverse(y, training)")
+
+    def backward(self, y, dy, dlogdet, variables, training=None):
+        """Rebuilds the input and back-propagates through the block (Algorithm 1).
+
+        Args:
+          y: the block's output.
+          dy: the loss gradient with respect to ``y``.
+          dlogdet: the loss gradient with respect to this block's log-det, ``[batch]``.
+          variables: the variables to return gradients for.
+          training: Keras training flag.
+
+        Returns:
+          ``(x, dx, variable_gradients)``: the rebuilt input, the gradient with
+          respect to it, and one gradient (or ``None``) per entry of ``variables``.
+        """
+        x = tf.stop_gradient(self.inverse(y, training=training))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y_again, logdet = self.forward(x, training=training)
+        grads = tape.gradient([y_again, logdet], [x] + list(variables), output_gradients=[dy, dlogdet])
+        return x, grads[0], grads[1:]
+
+    def replayed_state(self):
+        """Variables whose forward-time values the backward pass must see again.
+
+        By default every non-trainable variable: random seed states (so dropout
+        draws the same mask) and normalisation statistics. Assignments made while
+        recomputing are always discarded.
+
+        Returns:
+          A list of Keras variables.
+        """
+        return list(self.non_trainable_variables)
+
+    def call(self, inputs, training=None):
+        return self.forward(inputs, training=training)[0]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape

@@ -1,0 +1,211 @@
+"""`ReversibleSequence`: one custom gradient around a whole stack of reversible blocks."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import tensorflow as tf
+from tensorflow.python.eager import record  # stop_recording: what tf.recompute_grad uses too
+
+from memgrad.reversible.base import ReversibleBlock, add_gradients, layer_name
+
+
+def _gated(tensor, prerequisites):
+    """``tensor``, made to wait for every tensor in ``prerequisites`` in a graph.
+
+    The executor runs an op as soon as its inputs exist. Without this gate, a
+    block's reconstruction (it needs only forward outputs) could run right after
+    the forward pass, and a block's weight gradients (off the critical path) could
+    be put off to the end; either way their inputs stay alive and memory grows
+    with depth. Each block therefore waits for the previous block's input *and*
+    weight gradients.
+    """
+    with tf.control_dependencies(prerequisites):
+        return tf.identity(tensor)
+
+
+def _as_block(candidate, index):
+    if isinstance(candidate, ReversibleBlock):
+        return candidate
+    try:
+        import tensorflow_probability as tfp
+    except ImportError:  # pragma: no cover - tensorflow-probability is a dependency
+        tfp = None
+    if tfp is not None and isinstance(candidate, tfp.bijectors.Bijector):
+        from memgrad.reversible.bijector import BijectorBlock
+
+        return BijectorBlock(candidate)
+    raise ValueError(
+        "ReversibleSequence runs reversible blocks only: AdditiveCoupling, AffineCoupling, a "
+        "memgrad.layers.ReversibleBlock with forward and inverse (ActNorm, Invertible1x1Conv, "
+        f"Squeeze, ChannelPermutation) or a tfp.bijectors.Bijector. Block {index} has no "
+        f"inverse. Received: {layer_name(candidate) if hasattr(candidate, 'name') else repr(candidate)}"
+    )
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class ReversibleSequence(keras.layers.Layer):
+    """A stack of reversible blocks whose activation memory does not grow with depth.
+
+    The whole stack runs under one ``tf.custom_gradient``: the forward pass keeps
+    only the stack's output, and the backward pass walks the blocks in reverse,
+    rebuilding each block's input from its output and back-propagating through it
+    (the couplings fuse both in one evaluation of their networks). Recomputation
+    sees the same random seeds and normalisation statistics as the forward pass
+    (dropout masks match) and never updates BatchNormalization statistics again.
+
+    Args:
+      blocks: a list of `ReversibleBlock` (e.g. `AdditiveCoupling`,
+        `AffineCoupling`, `ActNorm`, `Invertible1x1Conv`, `Squeeze`,
+        `ChannelPermutation`) or ``tfp.bijectors.Bijector`` instances.
+      return_logdet: also return the summed log-determinant per example.
+      check_reconstruction: keep the stack's input (costing its memory) and, in
+        the backward pass, measure how far the rebuilt input drifted from it;
+        warn when the relative drift exceeds ``reconstruction_tolerance``.
+      reconstruction_tolerance: the relative drift that triggers the warning.
+      **kwargs: Keras layer arguments.
+
+    Returns (when called):
+      ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
+
+    Example:
+      >>> half = 32
+      >>> stack = ReversibleSequence([
+      ...     AdditiveCoupling(keras.layers.Dense(half, activation="relu"),
+      ...                      keras.layers.Dense(half, activation="relu"))
+      ...     for _ in range(16)])
+      >>> model = keras.Sequential([keras.Input((2 * half,)), stack, keras.layers.Dense(10)])
+      >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    """
+
+    def __init__(self, blocks, return_logdet=False, check_reconstruction=False,
+                 reconstruction_tolerance=1e-3, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(blocks, (ReversibleBlock, keras.layers.Layer)) or not hasattr(blocks, "__iter__"):
+            raise ValueError(
+                f"ReversibleSequence expects a list of blocks. Received: {blocks!r}"
+            )
+        blocks = list(blocks)
+        if not blocks:
+            raise ValueError("ReversibleSequence needs at least one block. Received: []")
+        self.blocks = [_as_block(block, index) for index, block in enumerate(blocks)]
+        self.return_logdet = bool(return_logdet)
+        self.check_reconstruction = bool(check_reconstruction)
+        self.reconstruction_tolerance = float(reconstruction_tolerance)
+        self.last_reconstruction_error = None
+
+    def build(self, input_shape):
+        shape = tuple(input_shape)
+        for block in self.blocks:
+            if not block.built:
+                block.build(shape)
+            shape = tuple(block.compute_output_shape(shape))
+        super().build(input_shape)
+
+    def compute_output_shape(self, input_shape):
+        shape = tuple(input_shape)
+        for block in self.blocks:
+            shape = tuple(block.compute_output_shape(shape))
+        return (shape, (input_shape[0],)) if self.return_logdet else shape
+
+    def compute_output_spec(self, inputs, training=None):
+        shape = self.compute_output_shape(inputs.shape)
+        if self.return_logdet:
+            return (keras.KerasTensor(shape[0], dtype=self.compute_dtype),
+                    keras.KerasTensor(shape[1], dtype=self.compute_dtype))
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
+
+    def call(self, inputs, training=None):
+        y, logdet = self._run(inputs, training)
+        return (y, logdet) if self.return_logdet else y
+
+    def inverse(self, outputs, training=None):
+        """Maps the stack's output back to its input (no gradient bookkeeping).
+
+        Args:
+          outputs: a tensor shaped like the stack's output.
+          training: Keras training flag for the inner layers.
+
+        Returns:
+          The input that produces ``outputs``.
+        """
+        h = tf.convert_to_tensor(outputs, dtype=self.compute_dtype)
+        for block in reversed(self.blocks):
+            h = block.inverse(h, training=training)
+        return h
+
+    def _run(self, x, training):
+        blocks = self.blocks
+        sequence = self
+
+        @tf.custom_gradient
+        def reversible_stack(stack_input):
+            with record.stop_recording():  # an outer tape must record nothing inside
+                replay_states, h = [], stack_input
+                logdet = tf.zeros(tf.shape(stack_input)[:1], dtype=stack_input.dtype)
+                for block in blocks:
+                    replay_states.append([(v, tf.identity(v.value)) for v in block.replayed_state()])
+                    h, block_logdet = block.forward(h, training=training)
+                    logdet = logdet + tf.cast(block_logdet, logdet.dtype)
+            output = h
+            kept_input = stack_input if sequence.check_reconstruction else None
+
+            def grad_fn(d_output, d_logdet=None, variables=None):
+                variables = list(variables or [])
+                d_h = tf.zeros_like(output) if d_output is None else d_output
+                d_logdet = tf.zeros_like(logdet) if d_logdet is None else d_logdet
+                variable_grads = [None] * len(variables)
+                h, done = output, [d_h]
+                for block, state in zip(reversed(blocks), reversed(replay_states)):
+                    h = _gated(h, done)
+                    # Replays the forward's seeds and statistics; discards any assignment.
+                    with keras.StatelessScope(state_mapping=state):
+                        h, d_h, grads = block.backward(h, d_h, d_logdet, variables, training=training)
+                    done = [d_h] + [g for g in grads if g is not None]
+                    variable_grads = add_gradients(variable_grads, grads)
+                if kept_input is not None:
+                    d_h = sequence._report_drift(h, kept_input, d_h)
+                return d_h, variable_grads
+
+            return (output, logdet), grad_fn
+
+        return reversible_stack(x)
+
+    def _report_drift(self, rebuilt, original, gradient):
+        drift = tf.reduce_max(tf.abs(tf.cast(rebuilt - original, tf.float32))) / (
+            tf.reduce_max(tf.abs(tf.cast(original, tf.float32))) + 1e-12
+        )
+        message = (
+            f"memgrad: {layer_name(self)} rebuilt its input with a relative error above "
+            f"{self.reconstruction_tolerance:g}; gradients may be inaccurate (use fewer blocks, "
+            "float64, additive coupling, or a bounded scale)."
+        )
+        if tf.executing_eagerly():
+            self.last_reconstruction_error = float(drift)
+            if self.last_reconstruction_error > self.reconstruction_tolerance:
+                warnings.warn(f"{message} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
+            return gradient
+        printed = tf.cond(
+            drift > self.reconstruction_tolerance,
+            lambda: tf.print(message, "Measured:", drift, output_stream="file://stderr") or tf.constant(True),
+            lambda: tf.constant(False),
+        )
+        with tf.control_dependencies([printed]):
+            return tf.identity(gradient)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            blocks=[keras.saving.serialize_keras_object(block) for block in self.blocks],
+            return_logdet=self.return_logdet,
+            check_reconstruction=self.check_reconstruction,
+            reconstruction_tolerance=self.reconstruction_tolerance,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["blocks"] = [keras.saving.deserialize_keras_object(b) for b in config["blocks"]]
+        return cls(**config)
