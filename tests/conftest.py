@@ -1,4 +1,4 @@
-"""Test-wide settings: quiet TensorFlow logs, make the repository importable."""
+"""Test-wide settings: quiet logs, exact CPU memory figures, two logical CPU devices."""
 
 import os
 import sys
@@ -8,3 +8,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # set before TensorFlow is imported. test_measure checks the default allocator separately.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402  (after the environment above)
+
+# Two logical CPUs so tf.distribute.MirroredStrategy can be tested on a CPU-only machine.
+# This must happen before TensorFlow's runtime starts, hence here.
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+)

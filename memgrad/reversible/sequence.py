@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import keras
@@ -186,11 +187,11 @@ class ReversibleSequence(keras.layers.Layer):
             if self.last_reconstruction_error > self.reconstruction_tolerance:
                 warnings.warn(f"{message} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
             return gradient
-        printed = tf.cond(
-            drift > self.reconstruction_tolerance,
-            lambda: tf.print(message, "Measured:", drift, output_stream="file://stderr") or tf.constant(True),
-            lambda: tf.constant(False),
-        )
+        def warn():
+            with tf.control_dependencies([tf.print(message, "Measured:", drift, output_stream=sys.stderr)]):
+                return tf.constant(True)
+
+        printed = tf.cond(drift > self.reconstruction_tolerance, warn, lambda: tf.constant(False))
         with tf.control_dependencies([printed]):
             return tf.identity(gradient)
 

@@ -1,0 +1,68 @@
+"""Peak memory of one training step, reversible vs plain, at several depths (run as a script).
+
+Run in a subprocess by test_memory.py with TensorFlow's default CPU allocator: every
+tensor here is at least 1 MiB, which that allocator counts exactly, whereas the BFC
+allocator also counts the slack of chunks it hands out unsplit (up to 2x a request).
+"""
+
+import json
+import sys
+
+import keras
+import tensorflow as tf
+
+import memgrad
+from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence
+
+BATCH, WIDTH = 4096, 128  # a half-activation is [4096, 64] float32 = 1 MiB
+
+
+def make_stack(kind, depth):
+    def dense(activation="tanh"):
+        return keras.layers.Dense(WIDTH // 2, activation=activation)
+
+    if kind == "additive":
+        blocks = [AdditiveCoupling(dense(), dense()) for _ in range(depth)]
+    else:
+        blocks = [AffineCoupling(dense(), dense(None), scale="sigmoid") for _ in range(depth)]
+    stack = ReversibleSequence(blocks)
+    stack.build((None, WIDTH))
+    return stack
+
+
+def training_step(stack, reversible, graph):
+    def plain(x):
+        h = x
+        for block in stack.blocks:
+            h, _ = block.forward(h)
+        return h
+
+    forward = stack if reversible else plain
+    variables = stack.trainable_variables
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(forward(x)))
+        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+            variable.assign_sub(0.01 * grad)
+        return loss
+
+    return tf.function(step) if graph else step
+
+
+def main(kinds, depths):
+    x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
+    peaks = {}
+    for kind in kinds:
+        for graph in (False, True):
+            for reversible in (False, True):
+                for depth in depths:
+                    step = training_step(make_stack(kind, depth), reversible, graph)
+                    report = memgrad.measure(step, args=(x,), device="CPU:0")
+                    key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
+                    peaks[key] = report.peak_above_baseline_bytes
+    print("PEAKS " + json.dumps(peaks))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")])

@@ -1,0 +1,99 @@
+"""Bad input gets a clear ValueError naming the layer and what was received; drift warns."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from memgrad.layers import (
+    AdditiveCoupling,
+    AffineCoupling,
+    ChannelPermutation,
+    ReversibleSequence,
+    Squeeze,
+)
+from tests.reversible.stacks import dense, make_blocks
+
+
+def test_odd_channel_count():
+    stack = ReversibleSequence([AdditiveCoupling(dense(3, 1), dense(3, 2), name="odd_block")])
+    with pytest.raises(ValueError, match=r"AdditiveCoupling 'odd_block'.*even.*Received: input shape \(None, 7\)"):
+        stack.build((None, 7))
+
+
+def test_block_without_inverse():
+    with pytest.raises(ValueError, match=r"Block 1 has no inverse. Received: Dense 'plain_dense'"):
+        ReversibleSequence([AdditiveCoupling(dense(4, 1), dense(4, 2)), keras.layers.Dense(8, name="plain_dense")])
+    with pytest.raises(ValueError, match="Block 0 has no inverse"):
+        ReversibleSequence([lambda x: x])
+
+
+def test_stride_inside_a_coupling():
+    strided = keras.layers.Conv2D(2, 3, strides=2, padding="same", name="strided_conv")
+    block = AdditiveCoupling(strided, keras.layers.Conv2D(2, 3, padding="same"), name="strided_block")
+    with pytest.raises(ValueError, match=r"AdditiveCoupling 'strided_block'.*no stride.*Conv2D 'strided_conv' "
+                                         r"maps \(None, 8, 8, 2\) to \(None, 4, 4, 2\)"):
+        ReversibleSequence([block]).build((None, 8, 8, 4))
+
+
+def test_channel_change_inside_a_coupling():
+    block = AffineCoupling(dense(5, 1), dense(4, 2), name="wide_f")
+    with pytest.raises(ValueError, match=r"AffineCoupling 'wide_f'.*Received: Dense.*maps \(None, 4\) to \(None, 5\)"):
+        ReversibleSequence([block]).build((None, 8))
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="AffineCoupling needs either both f"):
+        AffineCoupling(f=dense(4, 1))
+    with pytest.raises(ValueError, match="scale must be one of"):
+        AffineCoupling(dense(4, 1), dense(4, 2), scale="softplus")
+    with pytest.raises(ValueError, match="f must be a Keras layer"):
+        AdditiveCoupling(lambda x: x, dense(4, 2))
+    with pytest.raises(ValueError, match="needs at least one block"):
+        ReversibleSequence([])
+    with pytest.raises(ValueError, match="expects a list of blocks"):
+        ReversibleSequence(AdditiveCoupling(dense(4, 1), dense(4, 2)))
+
+
+def test_flow_layer_shape_errors():
+    with pytest.raises(ValueError, match=r"Squeeze.*divisible by 2.*Received: input shape \(None, 5, 4, 3\)"):
+        ReversibleSequence([Squeeze()]).build((None, 5, 4, 3))
+    with pytest.raises(ValueError, match=r"Squeeze.*squeezes images"):
+        ReversibleSequence([Squeeze()]).build((None, 12))
+    with pytest.raises(ValueError, match=r"permutation of range\(4\)"):
+        ReversibleSequence([ChannelPermutation([0, 1, 1, 3])]).build((None, 4))
+
+
+def _drift_step(stack, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(stack(x)[0] ** 2)
+    return tape.gradient(loss, x)
+
+
+def test_reconstruction_check_measures_drift_and_warns():
+    x = tf.random.stateless_normal([8, 32], seed=[5, 6])
+    strict = ReversibleSequence(make_blocks("flow", 16, 32), return_logdet=True, check_reconstruction=True,
+                                reconstruction_tolerance=1e-6)
+    with pytest.warns(UserWarning, match="rebuilt its input with a relative error above 1e-06"):
+        _drift_step(strict, x)
+    assert strict.last_reconstruction_error > 1e-6
+
+    loose = ReversibleSequence(make_blocks("additive", 4, 32), return_logdet=True, check_reconstruction=True,
+                               reconstruction_tolerance=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _drift_step(loose, x)
+    assert 0.0 <= loose.last_reconstruction_error < 1e-5
+
+
+def test_reconstruction_check_in_a_graph_prints(capfd):
+    x = tf.random.stateless_normal([8, 32], seed=[5, 6])
+    strict = ReversibleSequence(make_blocks("flow", 16, 32), return_logdet=True, check_reconstruction=True,
+                                reconstruction_tolerance=1e-6)
+    strict(x)
+    gradient = tf.function(_drift_step)(strict, x)
+    assert np.all(np.isfinite(gradient))
+    assert "rebuilt its input with a relative error above" in capfd.readouterr().err
