@@ -22,8 +22,41 @@ def _gated(tensor, prerequisites):
     with depth. Each block therefore waits for the previous block's input *and*
     weight gradients.
     """
+    if tf.executing_eagerly():
+        return tensor  # eager code runs in program order
+    # XLA drops control edges, so also add a zero that exists only once the first
+    # prerequisite (the incoming gradient) does: one element of it turned into 0
+    # (NaN if it is NaN), which no compiler can fold away.
+    token = tf.reduce_sum(tf.cast(tf.reshape(prerequisites[0], [-1])[:1], tf.float32))
+    zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
     with tf.control_dependencies(prerequisites):
-        return tf.identity(tensor)
+        return tensor + tf.cast(zero, tensor.dtype)
+
+
+def _variable_keys(block):
+    """Keys of the TensorFlow variables behind a block's Keras variables (and their replicas)."""
+    keys = set()
+    for variable in block.trainable_variables:
+        inner = getattr(variable, "_value", variable)  # a Keras variable wraps a tf.Variable
+        keys.add(id(inner))
+        keys.update(id(component) for component in getattr(inner, "values", ()))
+    return keys
+
+
+def _sources_per_block(blocks, variables):
+    """For each block, the indices of ``variables`` it may need gradients for.
+
+    Giving each block's tape only its own variables keeps tracing linear in
+    depth. Variables no block's Keras weights account for (a tfp bijector's, say)
+    go to every block.
+    """
+    owned = []
+    for block in blocks:
+        keys = _variable_keys(block)
+        owned.append([i for i, v in enumerate(variables) if id(v) in keys])
+    claimed = {i for indices in owned for i in indices}
+    unclaimed = [i for i in range(len(variables)) if i not in claimed]
+    return [sorted(indices + unclaimed) for indices in owned]
 
 
 def _as_block(candidate, index):
@@ -157,14 +190,17 @@ class ReversibleSequence(keras.layers.Layer):
                 d_h = tf.zeros_like(output) if d_output is None else d_output
                 d_logdet = tf.zeros_like(logdet) if d_logdet is None else d_logdet
                 variable_grads = [None] * len(variables)
+                sources = _sources_per_block(blocks, variables)
                 h, done = output, [d_h]
-                for block, state in zip(reversed(blocks), reversed(replay_states)):
+                for block, state, indices in zip(reversed(blocks), reversed(replay_states), reversed(sources)):
                     h = _gated(h, done)
                     # Replays the forward's seeds and statistics; discards any assignment.
                     with keras.StatelessScope(state_mapping=state):
-                        h, d_h, grads = block.backward(h, d_h, d_logdet, variables, training=training)
+                        h, d_h, grads = block.backward(
+                            h, d_h, d_logdet, [variables[i] for i in indices], training=training)
                     done = [d_h] + [g for g in grads if g is not None]
-                    variable_grads = add_gradients(variable_grads, grads)
+                    for i, grad in zip(indices, grads):
+                        variable_grads[i] = add_gradients([variable_grads[i]], [grad])[0]
                 if kept_input is not None:
                     d_h = sequence._report_drift(h, kept_input, d_h)
                 return d_h, variable_grads

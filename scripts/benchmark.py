@@ -1,0 +1,144 @@
+"""memgrad's benchmark suite: time and memory ratios, each measured side by side in one run.
+
+Timing is not asserted in the tests (wall time is noisy); it lives here. Every
+variant is timed against plain backprop of the *same* network, in interleaved
+rounds (variant, baseline, variant, ...), and the ratio of medians is reported.
+
+Usage:
+  python scripts/benchmark.py                      # every suite, print a markdown table
+  python scripts/benchmark.py --suite reversible --rounds 20 --markdown BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # exact CPU memory figures
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import memgrad  # noqa: E402
+from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
+
+
+def _training_step(forward, variables):
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(forward(x)))
+        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+            variable.assign_sub(1e-4 * grad)
+        return loss
+
+    return step
+
+
+def time_side_by_side(steps, x, rounds):
+    """Median seconds per call of each step, timed in interleaved rounds."""
+    for step in steps.values():
+        for _ in range(2):
+            step(x).numpy()
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(x).numpy()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _conv_net(channels, seed):
+    init = keras.initializers.HeNormal
+    return keras.Sequential([
+        keras.layers.Conv2D(channels, 3, padding="same", activation="relu", kernel_initializer=init(seed)),
+        keras.layers.Conv2D(channels, 3, padding="same", kernel_initializer=init(seed + 1)),
+    ])
+
+
+def reversible_suite(rounds, batch=32, size=16, channels=64, depth=8):
+    """Reversible stacks vs plain backprop of the same blocks (time and peak memory)."""
+    half = channels // 2
+    x = tf.random.stateless_normal([batch, size, size, channels], seed=[0, 1])
+    variants = {
+        "additive coupling (RevNet)": lambda i: AdditiveCoupling(_conv_net(half, 4 * i), _conv_net(half, 4 * i + 2)),
+        "affine coupling, fused backward (Algorithm 2)": lambda i: AffineCoupling(
+            _conv_net(half, 4 * i), _conv_net(half, 4 * i + 2), scale="sigmoid"),
+        "affine coupling, invert then recompute (Algorithm 1)": lambda i: AffineCoupling(
+            _conv_net(half, 4 * i), _conv_net(half, 4 * i + 2), scale="sigmoid", fused_backward=False),
+    }
+    targets = {"additive coupling (RevNet)": 1.35, "affine coupling, fused backward (Algorithm 2)": 1.4,
+               "affine coupling, invert then recompute (Algorithm 1)": 2.3}
+    rows = []
+    for name, make_block in variants.items():
+        stack = ReversibleSequence([make_block(i) for i in range(depth)])
+        stack.build(x.shape)
+
+        def plain(t, blocks=stack.blocks):
+            for block in blocks:
+                t, _ = block.forward(t)
+            return t
+
+        steps = {"memgrad": _training_step(stack, stack.trainable_variables),
+                 "plain": _training_step(plain, stack.trainable_variables)}
+        seconds = time_side_by_side(steps, x, rounds)
+        peaks = {key: memgrad.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
+        rows.append({
+            "suite": "reversible",
+            "case": f"{name}, {depth} blocks, batch {batch}x{size}x{size}x{channels}",
+            "time_ratio": seconds["memgrad"] / seconds["plain"],
+            "target": targets[name],
+            "ms_memgrad": seconds["memgrad"] * 1e3,
+            "ms_plain": seconds["plain"] * 1e3,
+            "memory_ratio": peaks["memgrad"] / peaks["plain"],
+        })
+    return rows
+
+
+SUITES = {"reversible": reversible_suite}
+
+
+def markdown(rows) -> str:
+    lines = [
+        f"Measured on {platform.machine()} with {os.cpu_count()} CPU cores, Python "
+        f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}, "
+        f"device {memgrad.profiler.default_device()}.",
+        "",
+        "| suite | case | time vs plain | target | ms/step memgrad | ms/step plain | peak memory vs plain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        mark = "met" if row["time_ratio"] <= row["target"] else "missed"
+        lines.append(
+            f"| {row['suite']} | {row['case']} | {row['time_ratio']:.2f}x | <= {row['target']}x ({mark}) | "
+            f"{row['ms_memgrad']:.1f} | {row['ms_plain']:.1f} | {row['memory_ratio']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), action="append",
+                        help="suite to run (repeatable; default: all)")
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per variant (default: 15)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table to PATH")
+    args = parser.parse_args(argv)
+    rows = []
+    for suite in args.suite or sorted(SUITES):
+        rows += SUITES[suite](args.rounds)
+    table = markdown(rows)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as out:
+            out.write("# memgrad benchmarks\n\nWritten by `python scripts/benchmark.py`.\n\n" + table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
