@@ -1,0 +1,62 @@
+"""BatchNormalization whose inference-mode backward keeps its input only for a trainable gamma."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from memgrad.selective.relu import share_kept_input
+from memgrad.selective.tape import is_watched, record_backward, stop_recording, watched_read
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class BatchNormalization(keras.layers.BatchNormalization):
+    """`keras.layers.BatchNormalization` with a lean inference-mode backward.
+
+    In inference mode (``training=False``, or a frozen layer) batch normalisation
+    is a per-channel affine map ``y = x * a + c``: the input gradient needs only
+    ``a``, and the input is kept only if ``gamma`` is trainable. TensorFlow's
+    FusedBatchNorm keeps the input in every case. Training mode and axes other
+    than the last use Keras's computation.
+
+    Example:
+      >>> bn = BatchNormalization(trainable=False)   # a frozen backbone's BN keeps nothing
+    """
+
+    def call(self, inputs, training=None, mask=None):
+        inputs = tf.convert_to_tensor(inputs)
+        inference = not (training and self.trainable)
+        last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
+        if not (tf.executing_eagerly() and inference and last_axis and mask is None):
+            return super().call(inputs, training=training, mask=mask)
+        params_wanted = self.trainable and (self.scale or self.center)
+        input_wanted = is_watched(inputs)
+        # float64 stays float64; lower precisions compute the backward in float32.
+        acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
+        with stop_recording():
+            outputs = super().call(inputs, training=False)
+            inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
+            scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
+        if not (params_wanted or input_wanted):
+            return outputs
+        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        reads = [watched_read(v) for v in params] if params_wanted else []
+        kept_input = inputs if params_wanted and self.scale else None
+        if kept_input is not None:
+            share_kept_input(kept_input)
+        mean = tf.cast(self.moving_mean.value, acc) if kept_input is not None else None
+        axes = list(range(inputs.shape.rank - 1))
+
+        def backward(d_out):
+            d32 = tf.cast(d_out, acc)
+            grads = [tf.cast(d32 * scale, d_out.dtype) if input_wanted else None]
+            if params_wanted:
+                if self.scale:
+                    normalized = (tf.cast(kept_input, acc) - mean) * inv_std
+                    grads.append(tf.cast(tf.reduce_sum(d32 * normalized, axis=axes), self.gamma.dtype))
+                if self.center:
+                    grads.append(tf.cast(tf.reduce_sum(d32, axis=axes), self.beta.dtype))
+            return grads
+
+        record_backward("memgrad_BatchNormInference", outputs, [inputs] + reads, backward)
+        return outputs

@@ -1,0 +1,78 @@
+"""A ReLU that keeps a 1-byte mask for backprop instead of its float output."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from memgrad.selective.tape import is_watched, record_backward, stop_recording
+
+
+class _SavedForRelu:
+    """What a masked ReLU's backward reads: its mask, or its output if a consumer keeps that."""
+
+    __slots__ = ("mask", "output")
+
+    def __init__(self, mask):
+        self.mask, self.output = mask, None
+
+
+def share_kept_input(tensor) -> None:
+    """Tells the masked ReLU that produced ``tensor`` (if one did) that ``tensor`` is kept anyway.
+
+    A layer that keeps its input for its own backward calls this; the ReLU then
+    drops its mask and reads ``tensor > 0`` instead, so a ReLU feeding a trainable
+    layer costs no more than Keras's ReLU (which keeps its output).
+    """
+    saved = getattr(tensor, "_memgrad_relu_saved", None)
+    if saved is not None:
+        saved.output, saved.mask = tensor, None
+
+
+@tf.custom_gradient
+def _graph_masked_relu(x):
+    mask = x > 0
+    return tf.nn.relu(x), lambda dy: dy * tf.cast(mask, dy.dtype)
+
+
+def masked_relu(x):
+    """``max(x, 0)`` whose gradient keeps only the boolean mask ``x > 0`` (1 byte per element).
+
+    Args:
+      x: a float tensor.
+
+    Returns:
+      ``relu(x)``, with the same gradient as ``tf.nn.relu``.
+    """
+    if not tf.executing_eagerly():
+        return _graph_masked_relu(x)
+    if not is_watched(x):
+        return tf.nn.relu(x)
+    with stop_recording():
+        y = tf.nn.relu(x)
+        saved = _SavedForRelu(x > 0)
+    y._memgrad_relu_saved = saved  # lets the next layer share what it keeps
+
+    def backward(dy):
+        mask = saved.mask if saved.mask is not None else saved.output > 0
+        return [dy * tf.cast(mask, dy.dtype)]
+
+    record_backward("memgrad_MaskedRelu", y, [x], backward)
+    return y
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class ReLU(keras.layers.ReLU):
+    """`keras.layers.ReLU` that keeps a 1-byte mask instead of its float output.
+
+    The plain ReLU (``max_value=None``, ``negative_slope=0``, ``threshold=0``) uses
+    the mask; other settings fall back to Keras's computation.
+
+    Example:
+      >>> ReLU()(tf.constant([-1.0, 2.0]))    # [0., 2.]
+    """
+
+    def call(self, inputs):
+        if self.max_value is None and self.negative_slope == 0 and self.threshold == 0:
+            return masked_relu(tf.convert_to_tensor(inputs))
+        return super().call(inputs)
