@@ -1,6 +1,6 @@
 """memgrad: train deeper and wider TensorFlow 2 models in less memory."""
 
-from memgrad import layers
+from memgrad import layers, selective
 
 from memgrad.profiler import (
     BatchSearch,
@@ -14,10 +14,14 @@ from memgrad.profiler import (
     run_capped,
 )
 
+from memgrad.selective import convert
+
 __version__ = "0.1.0"
 
 __all__ = [
     "layers",
+    "selective",
+    "convert",
     "BatchSearch",
     "CappedRun",
     "CappedRunError",

@@ -1,4 +1,8 @@
-"""memgrad's Keras layers, in one namespace: ``memgrad.layers.ReversibleSequence`` and friends."""
+"""memgrad's Keras layers in one namespace: reversible blocks and the selective-differentiation layers.
+
+The selective layers share Keras's names (``Dense``, ``Conv2D``, ...) and are also
+reachable as ``memgrad.selective.Dense`` etc.
+"""
 
 from memgrad.reversible import (
     ActNorm,
@@ -12,7 +16,16 @@ from memgrad.reversible import (
     Squeeze,
 )
 
+from memgrad.selective import BatchNormalization, Conv1D, Conv2D, Conv3D, Dense, LeanSequential, ReLU
+
 __all__ = [
+    "BatchNormalization",
+    "Conv1D",
+    "Conv2D",
+    "Conv3D",
+    "Dense",
+    "LeanSequential",
+    "ReLU",
     "ActNorm",
     "AdditiveCoupling",
     "AffineCoupling",

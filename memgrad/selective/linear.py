@@ -16,7 +16,7 @@ class SelectiveLinear:
     keeps the layer's input only if the kernel is trainable, and the kernel only
     if the input needs a gradient. Inside ``tf.function`` TensorFlow's own
     gradient pruning already drops what is not needed, so the Keras computation
-    runs unchanged there (only a ReLU activation is swapped for the 1-byte mask).
+    runs unchanged there.
     """
 
     def _check_supported(self):
@@ -37,7 +37,7 @@ class SelectiveLinear:
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs)
         if not tf.executing_eagerly():
-            return self._activate(self._linear_part(inputs))
+            return super().call(inputs)  # graph gradients already prune unneeded inputs
         kernel_wanted = self.trainable
         input_wanted = is_watched(inputs)
         with stop_recording():

@@ -29,14 +29,12 @@ def share_kept_input(tensor) -> None:
         saved.output, saved.mask = tensor, None
 
 
-@tf.custom_gradient
-def _graph_masked_relu(x):
-    mask = x > 0
-    return tf.nn.relu(x), lambda dy: dy * tf.cast(mask, dy.dtype)
-
-
 def masked_relu(x):
     """``max(x, 0)`` whose gradient keeps only the boolean mask ``x > 0`` (1 byte per element).
+
+    In a graph (``tf.function``) this is ``tf.nn.relu``: TensorFlow's graph
+    gradient already frees what is not needed, and a custom gradient there
+    measured 1.5x *more* memory (it blocks grappler's fusions).
 
     Args:
       x: a float tensor.
@@ -44,9 +42,7 @@ def masked_relu(x):
     Returns:
       ``relu(x)``, with the same gradient as ``tf.nn.relu``.
     """
-    if not tf.executing_eagerly():
-        return _graph_masked_relu(x)
-    if not is_watched(x):
+    if not tf.executing_eagerly() or not is_watched(x):
         return tf.nn.relu(x)
     with stop_recording():
         y = tf.nn.relu(x)

@@ -1,0 +1,107 @@
+"""convert(): swapped layers, identical outputs, save/load, training still works."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import memgrad
+from memgrad import selective
+
+
+def _sequential():
+    return keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(4, 3, padding="same"),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.Conv2D(4, 3, dilation_rate=2, padding="same"),  # kept: dilation unsupported
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(5, activation="relu"),
+        keras.layers.Dense(3),
+    ])
+
+
+def _functional_with_nested():
+    inner = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6, activation="relu")], name="inner")
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(6, activation="relu")(inputs)
+    h = keras.layers.Add()([h, inner(h)])
+    outputs = keras.layers.Dense(2)(keras.layers.ReLU()(h))
+    return keras.Model(inputs, outputs)
+
+
+def test_sequential_conversion_swaps_and_preserves_outputs():
+    model = _sequential()
+    x = np.random.default_rng(0).normal(size=(4, 8, 8, 3)).astype("float32")
+    converted, report = memgrad.convert(model, return_report=True)
+    assert isinstance(converted, selective.LeanSequential)
+    kinds = [type(layer) for layer in converted.layers]
+    assert kinds[:3] == [selective.Conv2D, selective.BatchNormalization, selective.ReLU]
+    assert kinds[3] is keras.layers.Conv2D and kinds[5:] == [selective.Dense, selective.Dense]
+    assert len(report.swapped) == 5
+    assert report.kept[0][0] == model.layers[3].name and "dilation_rate" in report.kept[0][1]
+    assert "swapped 5 layer(s)" in str(report)
+    np.testing.assert_array_equal(converted(x, training=False), model(x, training=False))
+    assert all(type(layer).__module__.startswith("keras") for layer in model.layers)  # original untouched
+
+
+def test_functional_and_nested_conversion():
+    model = _functional_with_nested()
+    x = np.random.default_rng(1).normal(size=(3, 6)).astype("float32")
+    converted, report = memgrad.convert(model, return_report=True)
+    names = {name for name, _ in report.swapped}
+    assert len(report.swapped) == 4  # three Dense (one nested) and a ReLU
+    assert any(isinstance(layer, keras.Sequential) for layer in converted.layers)
+    nested = [layer for layer in converted.layers if isinstance(layer, keras.Sequential)][0]
+    assert isinstance(nested.layers[-1], selective.Dense)
+    assert names
+    np.testing.assert_array_equal(converted(x), model(x))
+
+
+def test_converted_model_save_load_round_trip(tmp_path):
+    converted = memgrad.convert(_sequential())
+    x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype("float32")
+    path = tmp_path / "converted.keras"
+    converted.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, selective.LeanSequential)
+    assert isinstance(loaded.layers[0], selective.Conv2D)
+    np.testing.assert_array_equal(loaded(x, training=False), converted(x, training=False))
+
+
+def test_converted_model_trains_with_fit_and_eager_gradients_match():
+    model = _sequential()
+    model.layers[0].trainable = False
+    converted = memgrad.convert(model)
+    x = np.random.default_rng(3).normal(size=(16, 8, 8, 3)).astype("float32")
+    y = np.arange(16) % 3
+
+    def grads(m):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, m(x, training=False),
+                                                                               from_logits=True))
+        return tape.gradient(loss, m.trainable_variables)
+
+    for got, want in zip(grads(converted), grads(model)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    converted.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = converted.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_convert_rejects_what_it_cannot_rewire():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model(np.ones((1, 3), "float32"))
+    with pytest.raises(ValueError, match="subclassed model.*Received: Subclassed"):
+        memgrad.convert(model)
+    with pytest.raises(ValueError, match="expects a Keras Model"):
+        memgrad.convert(keras.layers.Dense(2))
