@@ -16,15 +16,29 @@ from memgrad.reversible import (
     Squeeze,
 )
 
-from memgrad.selective import BatchNormalization, Conv1D, Conv2D, Conv3D, Dense, LeanSequential, ReLU
+from memgrad.selective import (
+    BatchNormalization,
+    Conv1D,
+    Conv2D,
+    Conv2DTranspose,
+    Conv3D,
+    Dense,
+    Dropout,
+    LeanSequential,
+    MaxPooling2D,
+    ReLU,
+)
 
 __all__ = [
     "BatchNormalization",
     "Conv1D",
     "Conv2D",
+    "Conv2DTranspose",
     "Conv3D",
     "Dense",
+    "Dropout",
     "LeanSequential",
+    "MaxPooling2D",
     "ReLU",
     "ActNorm",
     "AdditiveCoupling",

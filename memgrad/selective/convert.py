@@ -6,8 +6,10 @@ import dataclasses
 
 import keras
 
-from memgrad.selective.linear import Conv1D, Conv2D, Conv3D, Dense
+from memgrad.selective.dropout import Dropout
+from memgrad.selective.linear import Conv1D, Conv2D, Conv2DTranspose, Conv3D, Dense
 from memgrad.selective.normalization import BatchNormalization
+from memgrad.selective.pooling import MaxPooling2D
 from memgrad.selective.relu import ReLU
 from memgrad.selective.sequential import LeanSequential
 
@@ -18,6 +20,9 @@ REPLACEMENTS = {
     keras.layers.Conv1D: Conv1D,
     keras.layers.Conv2D: Conv2D,
     keras.layers.Conv3D: Conv3D,
+    keras.layers.Conv2DTranspose: Conv2DTranspose,
+    keras.layers.MaxPooling2D: MaxPooling2D,
+    keras.layers.Dropout: Dropout,
     keras.layers.BatchNormalization: BatchNormalization,
     keras.layers.ReLU: ReLU,
 }
@@ -67,7 +72,8 @@ def _uses_masks(model) -> bool:
 def convert(model, return_report=False):
     """Returns a copy of ``model`` with memgrad's selective-differentiation layers swapped in.
 
-    ``Dense``, ``Conv1D/2D/3D``, ``BatchNormalization`` and ``ReLU`` layers are
+    ``Dense``, ``Conv1D/2D/3D``, ``Conv2DTranspose``, ``BatchNormalization``,
+    ``ReLU``, ``MaxPooling2D`` and ``Dropout`` layers are
     replaced by memgrad's drop-in versions (same config, same weights), which keep
     for backprop only what the requested gradients need: a frozen layer's input
     is not kept, a ReLU keeps a 1-byte mask. Outputs are unchanged. Works for

@@ -157,3 +157,47 @@ class Conv2D(SelectiveConv, keras.layers.Conv2D):
 @keras.saving.register_keras_serializable(package="memgrad")
 class Conv3D(SelectiveConv, keras.layers.Conv3D):
     """`keras.layers.Conv3D` that keeps its input only when its kernel is trainable."""
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Conv2DTranspose(SelectiveLinear, keras.layers.Conv2DTranspose):
+    """`keras.layers.Conv2DTranspose` that keeps its input only when its kernel is trainable.
+
+    Supports channels-last, 'valid'/'same' padding, ``output_padding=None`` and
+    no dilation (others are rejected, and `convert` leaves such layers as they are).
+
+    Example:
+      >>> up = Conv2DTranspose(16, 3, strides=2, padding="same", trainable=False)
+    """
+
+    def _check_supported(self):
+        problems = []
+        if self.data_format != "channels_last":
+            problems.append(f"data_format={self.data_format!r}")
+        if self.padding not in ("valid", "same"):
+            problems.append(f"padding={self.padding!r}")
+        if self.output_padding is not None:
+            problems.append(f"output_padding={self.output_padding!r}")
+        if any(rate != 1 for rate in self.dilation_rate):
+            problems.append(f"dilation_rate={tuple(self.dilation_rate)}")
+        if problems:
+            raise ValueError(
+                "memgrad's Conv2DTranspose supports channels_last, 'valid' or 'same' padding, "
+                f"output_padding=None and dilation_rate=1. Received: {', '.join(problems)}"
+            )
+
+    def build(self, input_shape):
+        self._check_supported()
+        super().build(input_shape)
+
+    # y = conv_transpose(x, K) is the input-gradient of a convolution by K, so its
+    # own input gradient is that convolution, and its kernel gradient swaps roles.
+    def _input_gradient(self, d_pre, kernel, input_shape):
+        return tf.nn.conv2d(d_pre, tf.cast(kernel, d_pre.dtype), strides=[1, *self.strides, 1],
+                            padding=self.padding.upper())
+
+    def _kernel_gradient(self, inputs, d_pre, kernel_shape):
+        return tf.raw_ops.Conv2DBackpropFilter(
+            input=tf.cast(d_pre, inputs.dtype), filter_sizes=kernel_shape, out_backprop=inputs,
+            strides=[1, *self.strides, 1], padding=self.padding.upper(),
+        )

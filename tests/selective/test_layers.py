@@ -21,6 +21,13 @@ LAYERS = {
                        keras.layers.Conv2D, selective.Conv2D, (2, 8, 7, 3)),
     "conv3d": (lambda cls, dt: cls(3, 2, padding="same", dtype=dt), keras.layers.Conv3D, selective.Conv3D,
                (2, 4, 4, 4, 2)),
+    "conv2d_transpose": (lambda cls, dt: cls(4, 3, strides=2, padding="same", activation="relu", dtype=dt),
+                         keras.layers.Conv2DTranspose, selective.Conv2DTranspose, (2, 5, 5, 3)),
+    "conv2d_transpose_valid": (lambda cls, dt: cls(3, (2, 3), strides=(2, 1), padding="valid", dtype=dt),
+                               keras.layers.Conv2DTranspose, selective.Conv2DTranspose, (2, 4, 5, 2)),
+    "maxpool": (lambda cls, dt: cls(2, dtype=dt), keras.layers.MaxPooling2D, selective.MaxPooling2D, (2, 6, 6, 3)),
+    "maxpool_same_strided": (lambda cls, dt: cls(3, strides=2, padding="same", dtype=dt), keras.layers.MaxPooling2D,
+                             selective.MaxPooling2D, (2, 7, 7, 2)),
     "batchnorm": (lambda cls, dt: cls(dtype=dt), keras.layers.BatchNormalization, selective.BatchNormalization,
                   (6, 4, 4, 3)),
     "relu": (lambda cls, dt: cls(dtype=dt), keras.layers.ReLU, selective.ReLU, (4, 10)),
@@ -93,3 +100,23 @@ def test_unsupported_convolution_settings_are_rejected():
         selective.Conv2D(4, 3, groups=2).build((None, 8, 8, 4))
     with pytest.raises(ValueError, match=r"Received: dilation_rate=\(2, 2\)"):
         selective.Conv2D(4, 3, dilation_rate=2).build((None, 8, 8, 4))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dropout_same_mask_and_gradient_as_keras(dtype):
+    reference, lean = keras.layers.Dropout(0.4, seed=7, dtype=dtype), selective.Dropout(0.4, seed=7, dtype=dtype)
+    x = tf.constant(np.random.default_rng(5).normal(size=(6, 20)).astype(dtype))
+
+    def run(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(tf.sin(y))
+        return y, tape.gradient(loss, x)
+
+    y_ref, g_ref = run(reference)
+    y, g = run(lean)
+    assert 0 < np.mean(y.numpy() == 0) < 1
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-12 if dtype == "float64" else 1e-6)
+    np.testing.assert_array_equal(lean(x, training=False), x)
