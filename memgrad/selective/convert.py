@@ -113,12 +113,17 @@ def convert(model, return_report=False):
     report = ConversionReport()
 
     def clone(layer):
+        if isinstance(layer, keras.Model):  # nested: converted the same way (Sequential -> Lean)
+            nested, nested_report = convert(layer, return_report=True)
+            report.swapped += nested_report.swapped
+            report.kept += nested_report.kept
+            return nested
         replacement = _replacement(layer, report)
         if replacement is not None:
             return replacement
         return layer.__class__.from_config(layer.get_config())
 
-    converted = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    converted = keras.models.clone_model(model, clone_function=clone)
     if isinstance(converted, keras.Sequential) and not _uses_masks(converted):
         converted = LeanSequential([keras.Input(batch_shape=model.inputs[0].shape, dtype=model.inputs[0].dtype)]
                                    + converted.layers, name=model.name, trainable=model.trainable)

@@ -47,7 +47,20 @@ class BatchNormalization(keras.layers.BatchNormalization):
         mean = tf.cast(self.moving_mean.value, acc) if kept_input is not None else None
         axes = list(range(inputs.shape.rank - 1))
 
+        fused = kept_input is not None and inputs.shape.rank == 4 and inputs.dtype == tf.float32 and self.center
+
+        def fused_backward(d_out):
+            # TensorFlow's fused inference-mode gradient: one pass for dx, d_gamma, d_beta.
+            dx, d_gamma, d_beta = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=d_out, x=kept_input, scale=tf.cast(self.gamma.value, tf.float32),
+                reserve_space_1=mean, reserve_space_2=tf.cast(self.moving_variance.value, tf.float32),
+                reserve_space_3=tf.constant([], tf.float32), epsilon=self.epsilon, is_training=False,
+            )[:3]
+            return [dx if input_wanted else None, d_gamma, d_beta]
+
         def backward(d_out):
+            if fused:
+                return fused_backward(d_out)
             d32 = tf.cast(d_out, acc)
             grads = [tf.cast(d32 * scale, d_out.dtype) if input_wanted else None]
             if params_wanted:

@@ -50,8 +50,9 @@ def masked_relu(x):
     y._memgrad_relu_saved = saved  # lets the next layer share what it keeps
 
     def backward(dy):
-        mask = saved.mask if saved.mask is not None else saved.output > 0
-        return [dy * tf.cast(mask, dy.dtype)]
+        if saved.mask is None:  # the output is kept anyway: TensorFlow's own kernel
+            return [tf.raw_ops.ReluGrad(gradients=dy, features=saved.output)]
+        return [dy * tf.cast(saved.mask, dy.dtype)]
 
     record_backward("memgrad_MaskedRelu", y, [x], backward)
     return y

@@ -54,6 +54,7 @@ def test_functional_and_nested_conversion():
     assert len(report.swapped) == 4  # three Dense (one nested) and a ReLU
     assert any(isinstance(layer, keras.Sequential) for layer in converted.layers)
     nested = [layer for layer in converted.layers if isinstance(layer, keras.Sequential)][0]
+    assert isinstance(nested, selective.LeanSequential)
     assert isinstance(nested.layers[-1], selective.Dense)
     assert names
     np.testing.assert_array_equal(converted(x), model(x))
