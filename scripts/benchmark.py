@@ -25,6 +25,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
+from memgrad.profiler.workloads import conv_classifier  # noqa: E402
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
@@ -101,19 +102,6 @@ def reversible_suite(rounds, batch=32, size=16, channels=64, depth=8):
     return rows
 
 
-def _conv_classifier(frozen_backbone, depth=16, channels=32):
-    layers = [keras.Input((32, 32, 8))]
-    for _ in range(depth):
-        layers += [keras.layers.Conv2D(channels, 3, padding="same"), keras.layers.BatchNormalization(),
-                   keras.layers.ReLU()]
-    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
-    model = keras.Sequential(layers)
-    if frozen_backbone:
-        for layer in model.layers[:-2]:
-            layer.trainable = False
-    return model
-
-
 def _eager_step(model, x, y):
     optimizer = keras.optimizers.SGD(1e-4)
     optimizer.build(model.trainable_variables)
@@ -134,7 +122,7 @@ def selective_suite(rounds, batch=32):
     y = tf.range(batch) % 10
     rows = []
     for frozen in (True, False):
-        model = _conv_classifier(frozen)
+        model = conv_classifier(frozen)
         steps = {"memgrad": _eager_step(memgrad.convert(model), x, y), "plain": _eager_step(model, x, y)}
         seconds = time_side_by_side(steps, x, rounds)
         peaks = {key: memgrad.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}

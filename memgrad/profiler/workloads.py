@@ -46,6 +46,33 @@ def mlp_batch(batch_size: int, width: int, seed: int = 1):
     return x, y
 
 
+def conv_classifier(frozen_backbone=False, depth=16, channels=32, input_shape=(32, 32, 8), classes=10):
+    """A Keras Sequential of ``depth`` Conv2D-BatchNormalization-ReLU layers and a Dense head.
+
+    Args:
+      frozen_backbone: freeze every layer but the head (fine-tuning).
+      depth: conv-BN-ReLU layers.
+      channels: filters per convolution.
+      input_shape: ``(height, width, channels)``.
+      classes: head outputs.
+
+    Returns:
+      An uncompiled ``keras.Sequential``.
+    """
+    import keras  # only this workload needs Keras
+
+    layers = [keras.Input(input_shape)]
+    for _ in range(depth):
+        layers += [keras.layers.Conv2D(channels, 3, padding="same"), keras.layers.BatchNormalization(),
+                   keras.layers.ReLU()]
+    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(classes)]
+    model = keras.Sequential(layers)
+    if frozen_backbone:
+        for layer in model.layers[:-2]:
+            layer.trainable = False
+    return model
+
+
 def mlp_training_step(batch_size: int = 64, depth: int = 8, width: int = 256) -> float:
     """Builds the MLP and runs one training step: a `run_capped` target.
 

@@ -90,25 +90,29 @@ class Dense(SelectiveLinear, keras.layers.Dense):
         return tf.matmul(flat_in, tf.cast(flat_d, flat_in.dtype), transpose_a=True)
 
 
+def _reject_unsupported(layer, extra_requirement, extra_problems):
+    """Raises ValueError naming every convolution setting the selective backward does not handle."""
+    problems = []
+    if layer.data_format != "channels_last":
+        problems.append(f"data_format={layer.data_format!r}")
+    if layer.padding not in ("valid", "same"):
+        problems.append(f"padding={layer.padding!r}")
+    if any(rate != 1 for rate in layer.dilation_rate):
+        # TensorFlow's CPU kernels for the input gradient reject dilation > 1.
+        problems.append(f"dilation_rate={tuple(layer.dilation_rate)}")
+    problems += extra_problems
+    if problems:
+        raise ValueError(
+            f"memgrad's {type(layer).__name__} supports channels_last, 'valid' or 'same' padding, "
+            f"dilation_rate=1 and {extra_requirement}. Received: {', '.join(problems)}"
+        )
+
+
 class SelectiveConv(SelectiveLinear):
     """Shared backward of Conv1D/2D/3D (channels-last, 'valid'/'same' padding, groups=1, no dilation)."""
 
     def _check_supported(self):
-        problems = []
-        if self.data_format != "channels_last":
-            problems.append(f"data_format={self.data_format!r}")
-        if self.padding not in ("valid", "same"):
-            problems.append(f"padding={self.padding!r}")
-        if self.groups != 1:
-            problems.append(f"groups={self.groups}")
-        if any(rate != 1 for rate in self.dilation_rate):
-            # TensorFlow's CPU kernels for the input gradient reject dilation > 1.
-            problems.append(f"dilation_rate={tuple(self.dilation_rate)}")
-        if problems:
-            raise ValueError(
-                f"memgrad's {type(self).__name__} supports channels_last, 'valid' or 'same' padding, "
-                f"groups=1 and dilation_rate=1. Received: {', '.join(problems)}"
-            )
+        _reject_unsupported(self, "groups=1", [f"groups={self.groups}"] if self.groups != 1 else [])
 
     def build(self, input_shape):
         self._check_supported()
@@ -171,20 +175,8 @@ class Conv2DTranspose(SelectiveLinear, keras.layers.Conv2DTranspose):
     """
 
     def _check_supported(self):
-        problems = []
-        if self.data_format != "channels_last":
-            problems.append(f"data_format={self.data_format!r}")
-        if self.padding not in ("valid", "same"):
-            problems.append(f"padding={self.padding!r}")
-        if self.output_padding is not None:
-            problems.append(f"output_padding={self.output_padding!r}")
-        if any(rate != 1 for rate in self.dilation_rate):
-            problems.append(f"dilation_rate={tuple(self.dilation_rate)}")
-        if problems:
-            raise ValueError(
-                "memgrad's Conv2DTranspose supports channels_last, 'valid' or 'same' padding, "
-                f"output_padding=None and dilation_rate=1. Received: {', '.join(problems)}"
-            )
+        extra = [] if self.output_padding is None else [f"output_padding={self.output_padding!r}"]
+        _reject_unsupported(self, "output_padding=None", extra)
 
     def build(self, input_shape):
         self._check_supported()

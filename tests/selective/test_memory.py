@@ -5,19 +5,11 @@ import pytest
 import tensorflow as tf
 
 import memgrad
+from memgrad.profiler.workloads import conv_classifier
 
 
-def conv_net(frozen_backbone, depth=16, channels=16):
-    layers = [keras.Input((32, 32, 8))]
-    for _ in range(depth):
-        layers += [keras.layers.Conv2D(channels, 3, padding="same"), keras.layers.BatchNormalization(),
-                   keras.layers.ReLU()]
-    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
-    model = keras.Sequential(layers)
-    if frozen_backbone:
-        for layer in model.layers[:-2]:
-            layer.trainable = False
-    return model
+def conv_net(frozen_backbone):
+    return conv_classifier(frozen_backbone, depth=16, channels=16)
 
 
 def step_peak(model, graph=False):
