@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from memgrad.selective.relu import masked_relu, share_kept_input
-from memgrad.selective.tape import is_watched, record_backward, stop_recording, watched_read
+from memgrad.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
 
 
 class SelectiveLinear:
@@ -21,6 +21,10 @@ class SelectiveLinear:
 
     def _check_supported(self):
         """Raises ValueError if this configuration is not handled (subclasses override)."""
+
+    def build(self, input_shape):
+        self._check_supported()
+        super().build(input_shape)
 
     def _linear_part(self, inputs):
         activation, self.activation = self.activation, keras.activations.linear
@@ -38,7 +42,7 @@ class SelectiveLinear:
         inputs = tf.convert_to_tensor(inputs)
         if not tf.executing_eagerly():
             return super().call(inputs)  # graph gradients already prune unneeded inputs
-        kernel_wanted = self.trainable
+        kernel_wanted = weights_wanted(self)
         input_wanted = is_watched(inputs)
         with stop_recording():
             pre = self._linear_part(inputs)
@@ -114,10 +118,6 @@ class SelectiveConv(SelectiveLinear):
     def _check_supported(self):
         _reject_unsupported(self, "groups=1", [f"groups={self.groups}"] if self.groups != 1 else [])
 
-    def build(self, input_shape):
-        self._check_supported()
-        super().build(input_shape)
-
     def _spatial(self, values):
         return [1] + list(values) + [1]
 
@@ -177,10 +177,6 @@ class Conv2DTranspose(SelectiveLinear, keras.layers.Conv2DTranspose):
     def _check_supported(self):
         extra = [] if self.output_padding is None else [f"output_padding={self.output_padding!r}"]
         _reject_unsupported(self, "output_padding=None", extra)
-
-    def build(self, input_shape):
-        self._check_supported()
-        super().build(input_shape)
 
     # y = conv_transpose(x, K) is the input-gradient of a convolution by K, so its
     # own input gradient is that convolution, and its kernel gradient swaps roles.

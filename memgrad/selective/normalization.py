@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from memgrad.selective.relu import share_kept_input
-from memgrad.selective.tape import is_watched, record_backward, stop_recording, watched_read
+from memgrad.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
@@ -29,16 +29,17 @@ class BatchNormalization(keras.layers.BatchNormalization):
         last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
         if not (tf.executing_eagerly() and inference and last_axis and mask is None):
             return super().call(inputs, training=training, mask=mask)
-        params_wanted = self.trainable and (self.scale or self.center)
+        params_wanted = weights_wanted(self) and (self.scale or self.center)
         input_wanted = is_watched(inputs)
+        with stop_recording():
+            outputs = super().call(inputs, training=False)
+        if not (params_wanted or input_wanted):
+            return outputs
         # float64 stays float64; lower precisions compute the backward in float32.
         acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
         with stop_recording():
-            outputs = super().call(inputs, training=False)
             inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
             scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
-        if not (params_wanted or input_wanted):
-            return outputs
         params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
         reads = [watched_read(v) for v in params] if params_wanted else []
         kept_input = inputs if params_wanted and self.scale else None

@@ -17,6 +17,15 @@ def is_watched(tensor) -> bool:
     return bool(record.should_record_backprop([tensor]))
 
 
+def weights_wanted(layer) -> bool:
+    """Whether a tape may want ``layer``'s weight gradients: it is trainable and a tape is active.
+
+    Without an active tape (plain inference) nothing is recorded, so a layer keeps
+    nothing and builds no backward function.
+    """
+    return bool(layer.trainable and record.could_possibly_record())
+
+
 def stop_recording():
     """A context in which no tape records anything."""
     return record.stop_recording()
