@@ -2,6 +2,18 @@
 
 from memgrad import layers, selective
 
+from memgrad.checkpoint import (
+    Analysis,
+    GradientTape,
+    analyze,
+    checkpoint,
+    disable_checkpointing,
+    enable_checkpointing,
+    gradients,
+    monkey_patch,
+    unpatch,
+)
+
 from memgrad.profiler import (
     BatchSearch,
     CappedRun,
@@ -20,6 +32,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "layers",
+    "Analysis",
+    "GradientTape",
+    "analyze",
+    "checkpoint",
+    "disable_checkpointing",
+    "enable_checkpointing",
+    "gradients",
+    "monkey_patch",
+    "unpatch",
     "selective",
     "convert",
     "BatchSearch",

@@ -1,8 +1,11 @@
-"""memgrad's Keras layers in one namespace: reversible blocks and the selective-differentiation layers.
+"""memgrad's Keras layers in one namespace: reversible blocks, selective-differentiation layers
+and the `Checkpoint` marker for `checkpoints='collection'`.
 
 The selective layers share Keras's names (``Dense``, ``Conv2D``, ...) and are also
 reachable as ``memgrad.selective.Dense`` etc.
 """
+
+from memgrad.checkpoint.keras_hook import Checkpoint
 
 from memgrad.reversible import (
     ActNorm,
@@ -31,6 +34,7 @@ from memgrad.selective import (
 
 __all__ = [
     "BatchNormalization",
+    "Checkpoint",
     "Conv1D",
     "Conv2D",
     "Conv2DTranspose",

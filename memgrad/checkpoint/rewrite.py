@@ -1,0 +1,275 @@
+"""The rewrite: gradients that recompute each segment between checkpoints from a copy.
+
+Given checkpoints (tensors to keep), the backward pass runs segment by segment, from the
+loss back to the inputs:
+
+1. The last segment (from the last checkpoints to `ys`) is differentiated on the original
+   ops, whose activations are still alive at that point; gradients stop at the
+   checkpoints (`stop_gradients`) and are collected for them.
+2. Each earlier group of checkpoints (a level of their topological order) has its segment
+   copied: the ops from the previous checkpoints up to the group are created again, reading
+   the kept checkpoints through fresh identity "ports". The gradient of the group is taken
+   from the copy with respect to the ports, so nothing in the original forward pass beyond
+   the checkpoints is referenced, and the original activations can be freed after the
+   forward pass.
+3. Every port and copied root op carries a control dependency on the group's incoming
+   gradient and on the previous segment's gradients, so the executor cannot recompute a
+   segment early, while the forward pass runs (it would then hold its memory for nothing).
+
+Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
+custom-gradient ops, resource ops) are never copied: their inputs and outputs become
+checkpoints and their gradient is taken on the original op.
+"""
+
+import collections
+
+import tensorflow as tf
+from toposort import toposort
+
+from memgrad.checkpoint.aggregate import aggregate, dense
+
+
+class _Rewrite:
+    def __init__(self, view, checkpoints, gradients_fn, kwargs, stop_gradients=()):
+        self.view = view
+        self.graph = view.graph
+        self.gradients_fn = gradients_fn
+        self.kwargs = kwargs
+        self.copied_ops = 0
+        self.segments = 0
+        self.checkpoints = {}
+        self.dead = set()
+        for t in checkpoints:
+            self._add(t)
+        for t in stop_gradients:
+            if view.is_forward(t.op):
+                self._add(t)
+                self.dead.add(t.ref())
+        self._add_atomic_boundaries()
+        self._add_siblings()
+        for t in view.x_tensors:
+            self.checkpoints.pop(t.ref(), None)
+        self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
+        self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
+
+    # ------------------------------------------------------------------ checkpoint set
+    def _add(self, t):
+        self.checkpoints.setdefault(t.ref(), t)
+
+    def _add_atomic_boundaries(self):
+        view = self.view
+        for op in view.ops:
+            if view.recomputable(op) or op.type == "ReadVariableOp":
+                continue
+            for t in op.inputs:
+                if t.dtype.is_floating and view.is_forward(t.op) and (
+                    view.variable_index_of_read(t) is None
+                ):
+                    self._add(t)
+            for t in op.outputs:
+                if t.dtype.is_floating and any(c in view.region for c in t.consumers()):
+                    self._add(t)
+
+    def _add_siblings(self):
+        # Gradients are stopped per op, so a kept tensor's sibling outputs are kept too.
+        for t in list(self.checkpoints.values()):
+            if len(t.op.outputs) > 1:
+                for s in t.op.outputs:
+                    if s.dtype.is_floating and any(
+                        c in self.view.region for c in s.consumers()
+                    ):
+                        self._add(s)
+
+    # ------------------------------------------------------------------ segments
+    def _walk(self, seeds):
+        """Ops to recompute for `seeds`, back to the checkpoints; and the checkpoints met."""
+        view = self.view
+        seen, boundary = set(), {}
+        stack = [t.op for t in seeds]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for t in op.inputs:
+                ref = t.ref()
+                if ref in self.stop:
+                    boundary[ref] = t
+                elif view.walkable(t.op):
+                    stack.append(t.op)
+        return seen, boundary
+
+    def _levels(self):
+        """Checkpoint groups, each a level of their topological order, inputs first."""
+        preds = {}
+        for ref, t in self.checkpoints.items():
+            if self.view.recomputable(t.op):
+                _, boundary = self._walk([t])
+                preds[ref] = {r for r in boundary if r in self.checkpoints}
+            else:
+                preds[ref] = {
+                    i.ref() for i in t.op.inputs if i.ref() in self.checkpoints
+                }
+            preds[ref].discard(ref)
+        return [list(level) for level in toposort(preds)]
+
+    def _port_target(self, t):
+        """Does this kept tensor need a gradient (a checkpoint, an x, a read of an x)?"""
+        if not (t.dtype.is_floating or t.dtype.is_complex):
+            return False
+        ref = t.ref()
+        return (
+            ref in self.checkpoints
+            or self.view.x_index(t) is not None
+            or self.view.variable_index_of_read(t) is not None
+        )
+
+    def _copy(self, ops, gate):
+        graph = self.graph
+        mapping, op_mapping, ports = {}, {}, {}
+        with graph.control_dependencies(gate), tf.name_scope("recompute"):
+            for op in sorted(ops, key=self.order.__getitem__):
+                inputs = []
+                for t in op.inputs:
+                    ref = t.ref()
+                    if ref in mapping:
+                        inputs.append(mapping[ref])
+                    elif self._port_target(t):
+                        if ref not in ports:
+                            ports[ref] = (t, tf.identity(t, name="port"))
+                        inputs.append(ports[ref][1])
+                    else:
+                        inputs.append(t)
+                new = graph._create_op_internal(
+                    op.type,
+                    inputs,
+                    [o.dtype for o in op.outputs],
+                    name=op.name.split("/")[-1],
+                    attrs=dict(op.node_def.attr),
+                    op_def=op.op_def,
+                )
+                if op.device:
+                    new._set_device(op.device)
+                extra = [op_mapping.get(o, o) for o in op.control_inputs]
+                if extra:
+                    new._add_control_inputs(extra)
+                op_mapping[op] = new
+                for old, copy in zip(op.outputs, new.outputs):
+                    copy.set_shape(old.shape)
+                    mapping[old.ref()] = copy
+                self.copied_ops += 1
+        return mapping, list(ports.values())
+
+    # ------------------------------------------------------------------ gradients
+    def run(self, grad_ys):
+        view = self.view
+        kept = collections.defaultdict(list)  # checkpoint ref -> gradient parts
+        x_parts = collections.defaultdict(list)  # x index -> gradient parts
+
+        def route(t, grad):
+            if grad is None:
+                return
+            ref = t.ref()
+            if ref in self.checkpoints:
+                kept[ref].append(grad)
+                return
+            index = view.x_index(t)
+            if index is None:
+                index = view.variable_index_of_read(t)
+            if index is not None:
+                x_parts[index].append(grad)
+
+        # The last segment, on the original ops.
+        final_ys, final_grads = [], []
+        for y, dy in zip(view.ys, grad_ys):
+            if y.ref() in self.checkpoints:
+                kept[y.ref()].append(dy if dy is not None else tf.ones_like(y))
+            else:
+                final_ys.append(y)
+                final_grads.append(dy)
+        kept_list = list(self.checkpoints.values())
+        floating = [t for t in kept_list if t.dtype.is_floating or t.dtype.is_complex]
+        if final_ys:
+            sources = floating + view.xs
+            grads = self.gradients_fn(
+                final_ys, sources, grad_ys=final_grads, stop_gradients=floating,
+                **self.kwargs,
+            )
+            self.segments += 1
+            for t, grad in zip(floating, grads[: len(floating)]):
+                route(t, grad)
+            for i, grad in enumerate(grads[len(floating):]):
+                if grad is not None:
+                    x_parts[i].append(grad)
+
+        previous = []
+        for level in reversed(self._levels()):
+            group = [
+                self.checkpoints[r] for r in level
+                if r not in self.dead and kept.get(r)
+            ]
+            if not group:
+                continue
+            incoming = {t.ref(): dense(aggregate(kept[t.ref()])) for t in group}
+            regular = [t for t in group if view.recomputable(t.op)]
+            atomic = [t for t in group if not view.recomputable(t.op)]
+            if regular:
+                gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
+                ops, _ = self._walk(regular)
+                mapping, ports = self._copy(ops, [x for parts in gate for x in parts])
+                grads = self.gradients_fn(
+                    [mapping[t.ref()] for t in regular],
+                    [port for _, port in ports],
+                    grad_ys=[incoming[t.ref()] for t in regular],
+                    **self.kwargs,
+                )
+                self.segments += 1
+                previous = []
+                for (t, _), grad in zip(ports, grads):
+                    route(t, grad)
+                    if grad is not None:
+                        previous.append(_dense_parts(grad))
+            for op in {t.op: None for t in atomic}:
+                outs = [t for t in atomic if t.op is op]
+                ins = [t for t in op.inputs if self._atomic_source(t)]
+                if not ins:
+                    continue
+                grads = self.gradients_fn(
+                    outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
+                    stop_gradients=ins, **self.kwargs,
+                )
+                self.segments += 1
+                for t, grad in zip(ins, grads):
+                    route(t, grad)
+
+        return [aggregate(x_parts[i]) if x_parts.get(i) else None for i in range(len(view.xs))]
+
+    def _atomic_source(self, t):
+        if t.dtype == tf.resource:
+            return self.view.x_index(t) is not None
+        return self._port_target(t)
+
+
+def _dense_parts(grad):
+    if isinstance(grad, tf.IndexedSlices):
+        return [grad.values, grad.indices]
+    return [grad]
+
+
+def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gradients=()):
+    """Gradients of `view.ys` with respect to `view.xs`, recomputing between checkpoints.
+
+    Args:
+      view: the `memgrad.graph.ForwardGraph` of the computation.
+      checkpoints: tensors to keep.
+      grad_ys: one incoming gradient (or None) per y.
+      gradients_fn: TensorFlow's own `tf.gradients`, used on each segment.
+      kwargs: further arguments for `gradients_fn` (`gate_gradients`, ...).
+      stop_gradients: tensors gradients must not flow through.
+
+    Returns:
+      A pair: one gradient (or None) per x, and the `_Rewrite` with its counters
+      (`copied_ops`, `segments`).
+    """
+    rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients)
+    return rewrite.run(grad_ys), rewrite
