@@ -2,7 +2,7 @@
 
 from memgrad import layers, selective
 
-from memgrad.checkpoint import (
+from memgrad.checkpointing import (
     Analysis,
     GradientTape,
     analyze,

@@ -5,7 +5,7 @@ The selective layers share Keras's names (``Dense``, ``Conv2D``, ...) and are al
 reachable as ``memgrad.selective.Dense`` etc.
 """
 
-from memgrad.checkpoint.keras_hook import Checkpoint
+from memgrad.checkpointing.keras_hook import Checkpoint
 
 from memgrad.reversible import (
     ActNorm,

@@ -14,8 +14,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from memgrad.checkpoint.api import checkpoint
-from memgrad.checkpoint.tape import GradientTape
+from memgrad.checkpointing.api import checkpoint
+from memgrad.checkpointing.tape import GradientTape
 
 _state = threading.local()
 _install_lock = threading.Lock()

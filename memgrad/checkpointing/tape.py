@@ -4,7 +4,7 @@ import warnings
 
 import tensorflow as tf
 
-from memgrad.checkpoint.api import gradients
+from memgrad.checkpointing.api import gradients
 
 _warned_eager = []
 

@@ -26,7 +26,7 @@ import collections
 import tensorflow as tf
 from toposort import toposort
 
-from memgrad.checkpoint.aggregate import aggregate, dense
+from memgrad.checkpointing.aggregate import aggregate, dense
 
 
 class _Rewrite:

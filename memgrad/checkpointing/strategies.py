@@ -1,6 +1,6 @@
 """Checkpoint strategies: which forward tensors to keep for the backward pass.
 
-Every strategy returns a `CheckpointPlan`; the rewrite (`memgrad.checkpoint.rewrite`)
+Every strategy returns a `CheckpointPlan`; the rewrite (`memgrad.checkpointing.rewrite`)
 recomputes everything else segment by segment.
 
 - `'memory'`: separators spaced by bytes. For each number of segments k it places k - 1

@@ -5,7 +5,7 @@ import time
 
 import tensorflow as tf
 
-from memgrad.checkpoint.strategies import choose
+from memgrad.checkpointing.strategies import choose
 from memgrad.graph.view import ForwardGraph
 from memgrad.profiler.report import format_bytes
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from tests.checkpoint.models import BUILDERS, loss_fn, max_relative_error
+from tests.checkpointing.models import BUILDERS, loss_fn, max_relative_error
 
 
 def _both(model, x, y, checkpoints):

@@ -7,8 +7,8 @@ import warnings
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 
-from memgrad.checkpoint.rewrite import rewrite_gradients
-from memgrad.checkpoint.strategies import COLLECTION, choose
+from memgrad.checkpointing.rewrite import rewrite_gradients
+from memgrad.checkpointing.strategies import COLLECTION, choose
 from memgrad.graph.view import ForwardGraph
 
 # TensorFlow's own functions, kept before any patch so memgrad never calls itself.

@@ -1,0 +1,210 @@
+"""Stateful layers, control flow, sparse gradients and bad input under memgrad.gradients."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import memgrad
+from tests.checkpointing.models import batchnorm_dropout, embedding, loss_fn, max_relative_error
+
+
+def _train_once(model, x, y, use_memgrad):
+    optimizer = keras.optimizers.SGD(0.1)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        loss = loss_fn(y, model(x, training=True))
+        if use_memgrad:
+            grads = memgrad.gradients(loss, variables, checkpoints="memory")
+        else:
+            grads = tf.gradients(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    return float(step(x, y))
+
+
+def test_batchnorm_statistics_update_once_and_dropout_masks_match():
+    keras.utils.set_random_seed(3)
+    plain, x, y = batchnorm_dropout()
+    checkpointed = keras.models.clone_model(plain)
+    checkpointed.set_weights(plain.get_weights())
+    # Same seeds: the dropout layers of both models draw the same masks.
+    for a, b in zip(plain.layers, checkpointed.layers):
+        if isinstance(a, keras.layers.Dropout):
+            b.seed_generator.state.assign(a.seed_generator.state)
+    loss_plain = _train_once(plain, x, y, use_memgrad=False)
+    loss_ckpt = _train_once(checkpointed, x, y, use_memgrad=True)
+    assert loss_ckpt == pytest.approx(loss_plain, rel=1e-6)
+    # Moving statistics moved exactly once (twice would differ), and the weights match:
+    # equal masks and equal gradients.
+    for a, b in zip(plain.weights, checkpointed.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
+    moving = [w for w in plain.non_trainable_weights if "moving_mean" in w.path]
+    assert moving and all(np.abs(w.numpy()).max() > 0 for w in moving)
+
+
+def test_embedding_gradient_stays_sparse():
+    keras.utils.set_random_seed(0)
+    model, x, y = embedding()
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        loss = loss_fn(y, model(x, training=True))
+        return tf.gradients(loss, variables), memgrad.gradients(loss, variables)
+
+    reference, checkpointed = step(x, y)
+    assert isinstance(reference[0], tf.IndexedSlices)
+    assert isinstance(checkpointed[0], tf.IndexedSlices)
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_cond_and_while_are_kept_whole():
+    weights = [tf.Variable(tf.random.stateless_normal([16, 16], [i, 0]) * 0.3) for i in range(8)]
+
+    def forward(x):
+        h = x
+        for i, w in enumerate(weights):
+            h = tf.tanh(h @ w)
+            if i == 3:
+                h = tf.cond(tf.reduce_sum(h) > -1e9, lambda: h * 2.0, lambda: h)
+            if i == 5:
+                h = tf.while_loop(lambda k, v: k < 3, lambda k, v: (k + 1, tf.sin(v)), (0, h))[1]
+        return tf.reduce_sum(h * h)
+
+    @tf.function
+    def step(x):
+        loss = forward(x)
+        return tf.gradients(loss, weights), memgrad.gradients(loss, weights)
+
+    reference, checkpointed = step(tf.random.stateless_normal([4, 16], [9, 9]))
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_gradient_with_respect_to_input_and_grad_ys():
+    w = tf.Variable(tf.random.stateless_normal([8, 8], [1, 2]))
+
+    @tf.function
+    def step(x, dy):
+        h = x
+        for _ in range(10):
+            h = tf.nn.softplus(h @ w)
+        return (tf.gradients(h, [x, w], grad_ys=dy),
+                memgrad.gradients(h, [x, w], grad_ys=dy))
+
+    x = tf.random.stateless_normal([3, 8], [3, 4])
+    dy = tf.random.stateless_normal([3, 8], [5, 6])
+    reference, checkpointed = step(x, dy)
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_list_and_collection_checkpoints():
+    w = [tf.Variable(tf.random.stateless_normal([8, 8], [i, 7]) * 0.5) for i in range(6)]
+
+    @tf.function
+    def step(x):
+        h, marks = x, []
+        for i, v in enumerate(w):
+            h = tf.tanh(h @ v)
+            if i % 2 == 1:
+                marks.append(memgrad.checkpoint(h))
+        loss = tf.reduce_sum(h)
+        return (tf.gradients(loss, w), memgrad.gradients(loss, w, checkpoints=marks),
+                memgrad.gradients(loss, w, checkpoints="collection"))
+
+    reference, listed, collected = step(tf.ones([2, 8]))
+    assert max_relative_error(reference, listed) <= 1e-5
+    assert max_relative_error(reference, collected) <= 1e-5
+
+
+def test_unconnected_variable_gets_none_or_zeros():
+    used, unused = tf.Variable(tf.ones([4, 4])), tf.Variable(tf.ones([4, 4]))
+
+    @tf.function
+    def step(x):
+        h = x
+        for _ in range(6):
+            h = tf.tanh(h @ used)
+        loss = tf.reduce_sum(h)
+        return (memgrad.gradients(loss, [used, unused]),
+                memgrad.gradients(loss, [used, unused], unconnected_gradients="zero"))
+
+    (g_used, g_none), (_, g_zero) = step(tf.ones([2, 4]))
+    assert g_none is None
+    assert float(tf.reduce_sum(tf.abs(g_zero))) == 0.0
+
+
+# ---------------------------------------------------------------------- bad input
+def test_eager_call_is_a_clear_error():
+    x = tf.ones([2])
+    with pytest.raises(RuntimeError, match="inside a graph"):
+        memgrad.gradients(x * 2, x)
+
+
+def test_unconnected_xs_is_a_clear_error():
+    v = tf.Variable(1.0)
+
+    @tf.function
+    def step(x):
+        return memgrad.gradients(tf.reduce_sum(x * 2.0), [v])
+
+    with pytest.raises(ValueError, match="None of xs is connected to ys"):
+        step(tf.ones([2]))
+
+
+def test_checkpoint_outside_the_forward_pass_is_a_clear_error():
+    v = tf.Variable(tf.ones([2, 2]))
+
+    @tf.function
+    def step(x):
+        stray = x * 3.0
+        loss = tf.reduce_sum(tf.tanh(x @ v))
+        return memgrad.gradients(loss, [v], checkpoints=[stray])
+
+    with pytest.raises(ValueError, match="not on a path from xs to ys"):
+        step(tf.ones([2, 2]))
+
+
+def test_unknown_mode_and_wrong_types_are_clear_errors():
+    v = tf.Variable(tf.ones([2, 2]))
+
+    @tf.function
+    def step(x, mode):
+        return memgrad.gradients(tf.reduce_sum(x @ v), [v], checkpoints=mode)
+
+    with pytest.raises(ValueError, match="checkpoints must be one of"):
+        step(tf.ones([2, 2]), "fastest")
+    with pytest.raises(TypeError, match="list of graph"):
+        tf.function(lambda x: memgrad.gradients(
+            tf.reduce_sum(x @ v), [v], checkpoints=[np.ones(2)]))(tf.ones([2, 2]))
+
+
+def test_collection_without_marks_is_a_clear_error():
+    v = tf.Variable(tf.ones([2, 2]))
+
+    @tf.function
+    def step(x):
+        return memgrad.gradients(tf.reduce_sum(tf.tanh(x @ v)), [v], checkpoints="collection")
+
+    with pytest.raises(ValueError, match="found no marked tensor"):
+        step(tf.ones([2, 2]))
+
+
+def test_tiny_graph_falls_back_with_a_warning():
+    v = tf.Variable(tf.ones([2, 2]))
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_sum(x @ v)
+        return tf.gradients(loss, [v]), memgrad.gradients(loss, [v])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reference, result = step(tf.ones([2, 2]))
+    assert any("found nothing worth keeping" in str(w.message) for w in caught)
+    np.testing.assert_allclose(reference[0].numpy(), result[0].numpy())
