@@ -15,6 +15,9 @@ from memgrad.graph.view import ForwardGraph
 _TF_GRADIENTS_V1 = gradients_impl.gradients
 _TF_GRADIENTS_V2 = gradients_impl.gradients_v2
 _patch_lock = threading.Lock()
+# Counters of the latest rewrite (copied ops, segments, seconds in tf.gradients), for
+# benchmarks and tests.
+_last_rewrite = {}
 _patched = {}
 
 
@@ -127,8 +130,13 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     gradients_fn = functools.partial(
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
     with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
-        grads, _ = rewrite_gradients(
+        grads, rewrite = rewrite_gradients(
             view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients
+        )
+        _last_rewrite.clear()
+        _last_rewrite.update(
+            copied_ops=rewrite.copied_ops, segments=rewrite.segments,
+            gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
         )
         if unconnected == tf.UnconnectedGradients.ZERO:
             grads = [

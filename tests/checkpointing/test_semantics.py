@@ -208,3 +208,22 @@ def test_tiny_graph_falls_back_with_a_warning():
         reference, result = step(tf.ones([2, 2]))
     assert any("found nothing worth keeping" in str(w.message) for w in caught)
     np.testing.assert_allclose(reference[0].numpy(), result[0].numpy())
+
+
+def test_analyze_reports_separators_and_checkpoints():
+    weights = [tf.Variable(tf.random.stateless_normal([64, 64], [i, 3]) * 0.1) for i in range(36)]
+
+    def loss_fn(x):
+        h = x
+        for w in weights:
+            h = h + tf.nn.relu(h @ w)
+        return tf.reduce_mean(h * h)
+
+    report = memgrad.analyze(loss_fn, tf.ones([256, 64]))
+    assert len(report.separators) >= 36  # every residual sum separates the chain
+    assert 3 <= len(report.checkpoints) <= 12  # about sqrt(36) segments
+    assert report.estimated_ratio < 0.5
+    text = report.summary()
+    assert "separators found" in text and "checkpoints chosen" in text
+    with pytest.raises(ValueError, match="function .* or both ys= and xs="):
+        memgrad.analyze()
