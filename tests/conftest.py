@@ -17,3 +17,19 @@ _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
 )
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def mirrored_strategy():
+    """One MirroredStrategy over the two logical CPUs for the whole session.
+
+    Each strategy numbers its collective operations from the same starting key, and the
+    collective executor is per process: two strategies in one session would reuse keys and
+    pair up unrelated all-reduces ("Shape mismatch in the collective instance").
+    """
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2, "tests/conftest.py configures two logical CPUs"
+    return tf.distribute.MirroredStrategy(devices)

@@ -111,8 +111,8 @@ def test_fit_hook_rejects_non_models():
         memgrad.enable_checkpointing(keras.layers.Dense(2))
 
 
-def test_mirrored_strategy_matches_one_device():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_mirrored_strategy_matches_one_device(mirrored_strategy):
+    strategy = mirrored_strategy
     keras.utils.set_random_seed(2)
     single, x, y = residual(depth=8, width=16)
     weights = single.get_weights()
@@ -137,8 +137,6 @@ def test_mirrored_strategy_matches_one_device():
             lambda ctx: (x[ctx.replica_id_in_sync_group * 4:][:4],
                          y[ctx.replica_id_in_sync_group * 4:][:4]))
         per_replica = strategy.run(replica_step, args=halves)
-        # Summed here rather than with an all-reduce: collective instance keys are per
-        # process, and a second strategy in the same test session would reuse them.
         return [tf.add_n(strategy.experimental_local_results(g)) for g in per_replica]
 
     reference = one_device(x, y)
@@ -146,8 +144,8 @@ def test_mirrored_strategy_matches_one_device():
     assert max_relative_error(reference, result) <= 1e-5
 
 
-def test_fit_hook_under_mirrored_strategy():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_fit_hook_under_mirrored_strategy(mirrored_strategy):
+    strategy = mirrored_strategy
     with strategy.scope():
         model, x, y = residual(depth=6, width=16)
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss_fn)

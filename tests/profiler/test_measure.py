@@ -34,13 +34,28 @@ def test_peak_matches_analytic_bytes_of_kept_activations():
     assert report.wall_time_s > 0
 
 
-def test_peak_scales_with_what_the_call_keeps():
+_SCALING_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    import tensorflow as tf
+    import memgrad
+    from tests.profiler.test_measure import BATCH, WIDTH, keep_chain
     x = tf.random.normal([BATCH, WIDTH])
     small = memgrad.measure(tf.function(lambda x: [tf.tanh(x), tf.tanh(x) * 2.0]), args=(x,))
     large = memgrad.measure(keep_chain, args=(x,))
-    assert large.peak_above_baseline_bytes / small.peak_above_baseline_bytes == pytest.approx(
-        KEPT / 2, rel=0.10
-    )
+    print(large.peak_above_baseline_bytes / small.peak_above_baseline_bytes)
+""")
+
+
+def test_peak_scales_with_what_the_call_keeps():
+    # A fresh process: the BFC allocator's slack (chunks handed out unsplit) depends on what
+    # earlier tests allocated, and a 2-tensor peak is small enough for that to show.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _SCALING_SCRIPT], capture_output=True,
+                         text=True, cwd=root, timeout=300, check=True)
+    ratio = float(out.stdout.strip().splitlines()[-1])
+    assert ratio == pytest.approx(KEPT / 2, rel=0.10)
 
 
 def test_eager_call_and_kwargs_and_repeats():
