@@ -227,3 +227,53 @@ def test_analyze_reports_separators_and_checkpoints():
     assert "separators found" in text and "checkpoints chosen" in text
     with pytest.raises(ValueError, match="function .* or both ys= and xs="):
         memgrad.analyze()
+
+
+def test_checkpoint_layer_marks_for_collection_and_round_trips(tmp_path):
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((16,))
+    h = inputs
+    for i in range(8):
+        h = keras.layers.Dense(16, activation="tanh")(h)
+        if i % 2:
+            h = memgrad.layers.Checkpoint()(h)
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    x, y = tf.random.stateless_normal([8, 16], [0, 5]), tf.range(8) % 10
+
+    @tf.function
+    def step(x, y):
+        loss = loss_fn(y, model(x, training=True))
+        marked = tf.compat.v1.get_default_graph().get_collection("checkpoints")
+        return (tf.gradients(loss, model.trainable_variables),
+                memgrad.gradients(loss, model.trainable_variables, checkpoints="collection"),
+                len(marked))
+
+    reference, collected, marked = step(x, y)
+    assert marked == 4
+    assert max_relative_error(reference, collected) <= 1e-5
+    path = str(tmp_path / "marked.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    np.testing.assert_allclose(restored(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_copies_keep_the_original_device():
+    weights = [tf.Variable(tf.random.stateless_normal([8, 8], [i, 1]) * 0.3) for i in range(12)]
+
+    @tf.function
+    def step(x):
+        h = x
+        for i, w in enumerate(weights):
+            with tf.device("/cpu:1" if i % 2 else "/cpu:0"):
+                h = tf.tanh(h @ w)
+        return memgrad.gradients(tf.reduce_sum(h), weights)
+
+    graph = step.get_concrete_function(tf.TensorSpec([4, 8])).graph
+    copies = [op for op in graph.get_operations()
+              if "/recompute" in op.name and op.type == "Tanh"]
+    assert copies
+    originals = {op.name: op.device for op in graph.get_operations()
+                 if op.type == "Tanh" and "/recompute" not in op.name}
+    for copy in copies:
+        assert copy.device in set(originals.values()) and copy.device
+    assert {c.device for c in copies} == set(originals.values())
