@@ -25,6 +25,7 @@ import collections
 import time
 
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
 from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
@@ -220,8 +221,14 @@ class _Rewrite:
             if not group:
                 continue
             incoming = {t.ref(): dense(aggregate(kept[t.ref()])) for t in group}
-            regular = [t for t in group if view.recomputable(t.op)]
+            direct = [t for t in group if self._differentiable_in_place(t.op)]
+            direct_refs = {t.ref() for t in direct}
+            regular = [t for t in group
+                       if view.recomputable(t.op) and t.ref() not in direct_refs]
             atomic = [t for t in group if not view.recomputable(t.op)]
+            for op in {t.op: None for t in direct}:
+                for t, grad in self._gradient_in_place(op, incoming):
+                    route(t, grad)
             if regular:
                 gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
                 ops, _ = self._walk(regular)
@@ -252,6 +259,44 @@ class _Rewrite:
                     route(t, grad)
 
         return [aggregate(x_parts[i]) if x_parts.get(i) else None for i in range(len(view.xs))]
+
+    def _differentiable_in_place(self, op):
+        """Can `op`'s gradient be taken on the original op, with nothing recomputed?
+
+        True when every input it reads is kept anyway (a checkpoint, an x, a read, or a
+        tensor outside the recomputed region) and TensorFlow has a gradient function for it:
+        copying the op would only run it twice.
+        """
+        if not self.view.recomputable(op) or self._gradient_function(op) is None:
+            return False
+        for t in op.inputs:
+            if t.ref() in self.stop or not self.view.walkable(t.op):
+                continue
+            return False
+        return True
+
+    @staticmethod
+    def _gradient_function(op):
+        try:
+            return tf_ops.get_gradient_function(op)
+        except LookupError:
+            return None
+
+    def _gradient_in_place(self, op, incoming):
+        """(input tensor, gradient) pairs of `op`, from its registered gradient function."""
+        out_grads = []
+        for out in op.outputs:
+            grad = incoming.get(out.ref())
+            if grad is None and (out.dtype.is_floating or out.dtype.is_complex):
+                grad = tf.zeros_like(out)
+            out_grads.append(grad)
+        with tf.name_scope(op.name.split("/")[-1] + "_grad"):
+            in_grads = self._gradient_function(op)(op, *out_grads)
+        if not isinstance(in_grads, (list, tuple)):
+            in_grads = [in_grads]
+        self.segments += 1
+        return [(t, g) for t, g in zip(op.inputs, in_grads)
+                if g is not None and self._port_target(t)]
 
     def _atomic_source(self, t):
         if t.dtype == tf.resource:

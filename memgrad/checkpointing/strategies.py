@@ -8,8 +8,8 @@ recomputes everything else segment by segment.
   (a single-tensor separator when there is one, else the smallest set of live tensors), and
   keeps the k whose estimated peak (kept bytes plus the largest segment) is least. On a
   uniform chain of n layers that is about sqrt(n) checkpoints.
-- `'speed'`: the outputs of expensive ops (matrix products, convolutions, einsum), so only
-  cheap ops are recomputed.
+- `'speed'`: the inputs and outputs of expensive ops (matrix products, convolutions,
+  einsum), so only cheap ops are recomputed.
 - `'collection'`: the tensors marked with `memgrad.checkpoint(t)` or the `Checkpoint` layer.
 - a list of tensors: those (a checkpoint that only feeds a bias addition is moved past it,
   see `_absorb_bias`).
@@ -151,8 +151,9 @@ def memory_plan(view):
     )
 
 
-def _plan_from_tensors(view, mode, tensors):
-    tensors = _absorb_bias(view, tensors)
+def _plan_from_tensors(view, mode, tensors, absorb=True):
+    if absorb:
+        tensors = _absorb_bias(view, tensors)
     profile = cut_profile(view)
     total = float(profile.produced[-1]) if len(profile.ops) else 0.0
     position = {op: i for i, op in enumerate(profile.ops)}
@@ -165,20 +166,23 @@ def _plan_from_tensors(view, mode, tensors):
 
 
 def speed_plan(view):
-    """Keep the outputs of expensive ops (MatMul, BatchMatMul, Conv*, Einsum).
+    """Keep the inputs and outputs of expensive ops (MatMul, BatchMatMul, Conv*, Einsum).
 
-    Single-tensor separators are kept too: without them a residual stream (adds between
-    matrix products) would be recomputed from the inputs in every segment.
+    Their gradients are then taken on the original ops, so no expensive op is run twice;
+    only the cheap ops between them (bias, normalisation, activations, residual sums) are
+    recomputed.
     """
-    separators = single_tensor_separators(view)
-    chosen = {t.ref(): t for t in separators}
+    chosen = {}
     for op in view.activation_ops:
         if op.type in EXPENSIVE_TYPES:
+            for t in op.inputs:
+                if view.is_activation(t) and t.dtype.is_floating:
+                    chosen.setdefault(t.ref(), t)
             for t in view.activation_outputs(op):
                 chosen.setdefault(t.ref(), t)
-    plan = _plan_from_tensors(view, "speed", list(chosen.values()))
-    plan.separators = separators
-    return plan
+    # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
+    # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
+    return _plan_from_tensors(view, "speed", list(chosen.values()), absorb=False)
 
 
 def collection_plan(view, collection=COLLECTION):

@@ -277,3 +277,28 @@ def test_copies_keep_the_original_device():
     for copy in copies:
         assert copy.device in set(originals.values()) and copy.device
     assert {c.device for c in copies} == set(originals.values())
+
+
+def test_speed_mode_never_runs_an_expensive_op_twice():
+    keras.utils.set_random_seed(6)
+    layers = keras.layers
+    inputs = keras.Input((8, 8, 4))
+    h = inputs
+    for _ in range(6):
+        conv = layers.Conv2D(4, 3, padding="same", use_bias=False)  # BN follows: no bias
+        h = layers.ReLU()(layers.BatchNormalization()(conv(h)))
+    model = keras.Model(inputs, layers.Dense(10)(layers.Flatten()(h)))
+    x, y = tf.random.stateless_normal([4, 8, 8, 4], [1, 1]), tf.range(4)
+
+    @tf.function
+    def step(x, y):
+        loss = loss_fn(y, model(x, training=True))
+        return (tf.gradients(loss, model.trainable_variables),
+                memgrad.gradients(loss, model.trainable_variables, checkpoints="speed"))
+
+    reference, fast = step(x, y)
+    assert max_relative_error(reference, fast) <= 1e-5
+    graph = step.get_concrete_function(x, y).graph
+    copied = [op.type for op in graph.get_operations() if "/recompute" in op.name]
+    assert copied, "cheap ops (normalisation, ReLU) are recomputed"
+    assert not [t for t in copied if t in ("Conv2D", "MatMul")]
