@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
 from memgrad.checkpointing import api as checkpointing_api  # noqa: E402
-from memgrad.profiler.workloads import conv_classifier  # noqa: E402
+from memgrad.profiler.workloads import conv_classifier, residual_chain  # noqa: E402
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
@@ -140,19 +140,6 @@ def selective_suite(rounds, batch=32):
     return rows
 
 
-def _residual_chain(depth, width, seed=0):
-    weights = [tf.Variable(tf.random.stateless_normal([width, width], [seed, i]) * 0.05)
-               for i in range(depth)]
-
-    def loss_fn(x):
-        h = x
-        for w in weights:
-            h = h + tf.nn.relu(h @ w)
-        return tf.reduce_mean(h * h)
-
-    return weights, loss_fn
-
-
 def _gradient_step(weights, loss_fn, gradients_fn):
     @tf.function
     def step(x):
@@ -166,7 +153,7 @@ def _gradient_step(weights, loss_fn, gradients_fn):
 
 def _build_seconds(depth, width=8):
     """Seconds to analyse and rewrite (memgrad.gradients) vs build tf.gradients, at trace time."""
-    weights, loss_fn = _residual_chain(depth, width, seed=1)
+    weights, loss_fn = residual_chain(depth, width, seed=1)
     timings = {}
 
     @tf.function
@@ -192,7 +179,7 @@ def _build_seconds(depth, width=8):
 def checkpointing_suite(rounds, batch=4096, width=128, depth=64):
     """memgrad.gradients('memory') vs tf.gradients on a residual chain; trace-time cost."""
     x = tf.random.stateless_normal([batch, width], seed=[0, 1])
-    weights, loss_fn = _residual_chain(depth, width)
+    weights, loss_fn = residual_chain(depth, width)
     steps = {"memgrad": _gradient_step(weights, loss_fn, memgrad.gradients),
              "plain": _gradient_step(weights, loss_fn, tf.gradients)}
     seconds = time_side_by_side(steps, x, rounds)

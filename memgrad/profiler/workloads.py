@@ -86,3 +86,26 @@ def mlp_training_step(batch_size: int = 64, depth: int = 8, width: int = 256) ->
     """
     step, _ = build_mlp_step(depth, width)
     return float(step(*mlp_batch(batch_size, width)))
+
+
+def residual_chain(depth: int, width: int, seed: int = 0):
+    """A residual chain h <- h + relu(h W), the workload of the checkpointing tests and benchmark.
+
+    Args:
+      depth: number of residual layers.
+      width: features per layer.
+      seed: seed of the weights (stateless, so equal seeds give equal weights).
+
+    Returns:
+      A pair: the list of weight variables, and `loss_fn(x)` returning mean(h * h).
+    """
+    weights = [tf.Variable(tf.random.stateless_normal([width, width], [seed, i]) * 0.05)
+               for i in range(depth)]
+
+    def loss_fn(x):
+        h = x
+        for w in weights:
+            h = h + tf.nn.relu(h @ w)
+        return tf.reduce_mean(h * h)
+
+    return weights, loss_fn

@@ -12,22 +12,13 @@ import tensorflow as tf
 
 import memgrad
 from memgrad.checkpointing import api
+from memgrad.profiler.workloads import residual_chain
 
 BATCH, WIDTH = 4096, 128
 
 
 def _chain(depth):
-    rng = np.random.default_rng(depth)
-    weights = [tf.Variable(rng.standard_normal((WIDTH, WIDTH)).astype("float32") * 0.05)
-               for _ in range(depth)]
-
-    def loss_fn(x):
-        h = x
-        for w in weights:
-            h = h + tf.nn.relu(h @ w)
-        return tf.reduce_mean(h * h)
-
-    return weights, loss_fn
+    return residual_chain(depth, WIDTH, seed=depth)
 
 
 def _peak(step, x):
