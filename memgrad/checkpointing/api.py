@@ -21,7 +21,7 @@ _last_rewrite = {}
 _patched = {}
 
 
-def _as_list(value, what):
+def _as_list(value):
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
@@ -100,13 +100,13 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
           optimizer.apply_gradients(zip(grads, model.trainable_variables))
       ```
     """
-    ys = _as_list(ys, "ys")
-    xs = _as_list(xs, "xs")
-    grad_ys = _as_list(grad_ys, "grad_ys")
+    ys = _as_list(ys)
+    xs = _as_list(xs)
+    grad_ys = _as_list(grad_ys)
     _check_inputs(ys, xs, grad_ys)
     if grad_ys is None:
         grad_ys = [None] * len(ys)
-    stop_gradients = _as_list(kwargs.pop("stop_gradients", None), "stop_gradients") or []
+    stop_gradients = _as_list(kwargs.pop("stop_gradients", None)) or []
     unconnected = kwargs.pop("unconnected_gradients", tf.UnconnectedGradients.NONE)
     unconnected = tf.UnconnectedGradients(unconnected)
 
@@ -188,18 +188,17 @@ def monkey_patch(checkpoints="memory"):
       memgrad.unpatch()
       ```
     """
-    def patched_v2(ys, xs, grad_ys=None, name="gradients", **kwargs):
-        return gradients(ys, xs, grad_ys=grad_ys, checkpoints=checkpoints, name=name, **kwargs)
-
-    def patched_v1(ys, xs, grad_ys=None, name="gradients", **kwargs):
+    # One function serves both names: the v1 keywords (colocate_gradients_with_ops, ...)
+    # pass through **kwargs to tf.gradients.
+    def patched(ys, xs, grad_ys=None, name="gradients", **kwargs):
         return gradients(ys, xs, grad_ys=grad_ys, checkpoints=checkpoints, name=name, **kwargs)
 
     with _patch_lock:
         if not _patched:
             _patched["v2"] = tf.gradients
             _patched["v1"] = tf.compat.v1.gradients
-        tf.gradients = patched_v2
-        tf.compat.v1.gradients = patched_v1
+        tf.gradients = patched
+        tf.compat.v1.gradients = patched
 
 
 def unpatch():

@@ -29,6 +29,7 @@ from tensorflow.python.framework import ops as tf_ops
 from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
+from memgrad.graph.view import is_differentiable
 
 
 class _Rewrite:
@@ -54,7 +55,7 @@ class _Rewrite:
             self.checkpoints.pop(t.ref(), None)
         self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
         self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
-
+        self._segment_ops = {}  # checkpoint ref -> ops its recomputation copies
     def gradients_fn(self, *args, **kwargs):
         start = time.perf_counter()
         try:
@@ -77,7 +78,7 @@ class _Rewrite:
                 ):
                     self._add(t)
             for t in op.outputs:
-                if t.dtype.is_floating and any(c in view.region for c in t.consumers()):
+                if t.dtype.is_floating and view.feeds_region(t):
                     self._add(t)
 
     def _add_siblings(self):
@@ -85,9 +86,7 @@ class _Rewrite:
         for t in list(self.checkpoints.values()):
             if len(t.op.outputs) > 1:
                 for s in t.op.outputs:
-                    if s.dtype.is_floating and any(
-                        c in self.view.region for c in s.consumers()
-                    ):
+                    if s.dtype.is_floating and self.view.feeds_region(s):
                         self._add(s)
 
     # ------------------------------------------------------------------ segments
@@ -110,11 +109,15 @@ class _Rewrite:
         return seen, boundary
 
     def _levels(self):
-        """Checkpoint groups, each a level of their topological order, inputs first."""
+        """Checkpoint groups, each a level of their topological order, inputs first.
+
+        The walk made here for each checkpoint is kept: a group's segment is the union of
+        its members' walks.
+        """
         preds = {}
         for ref, t in self.checkpoints.items():
             if self.view.recomputable(t.op):
-                _, boundary = self._walk([t])
+                self._segment_ops[ref], boundary = self._walk([t])
                 preds[ref] = {r for r in boundary if r in self.checkpoints}
             else:
                 preds[ref] = {
@@ -125,7 +128,7 @@ class _Rewrite:
 
     def _port_target(self, t):
         """Does this kept tensor need a gradient (a checkpoint, an x, a read of an x)?"""
-        if not (t.dtype.is_floating or t.dtype.is_complex):
+        if not is_differentiable(t.dtype):
             return False
         ref = t.ref()
         return (
@@ -198,7 +201,7 @@ class _Rewrite:
                 final_ys.append(y)
                 final_grads.append(dy)
         kept_list = list(self.checkpoints.values())
-        floating = [t for t in kept_list if t.dtype.is_floating or t.dtype.is_complex]
+        floating = [t for t in kept_list if is_differentiable(t.dtype)]
         if final_ys:
             sources = floating + view.xs
             grads = self.gradients_fn(
@@ -231,7 +234,7 @@ class _Rewrite:
                     route(t, grad)
             if regular:
                 gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
-                ops, _ = self._walk(regular)
+                ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
                 mapping, ports = self._copy(ops, [x for parts in gate for x in parts])
                 grads = self.gradients_fn(
                     [mapping[t.ref()] for t in regular],
@@ -287,7 +290,7 @@ class _Rewrite:
         out_grads = []
         for out in op.outputs:
             grad = incoming.get(out.ref())
-            if grad is None and (out.dtype.is_floating or out.dtype.is_complex):
+            if grad is None and is_differentiable(out.dtype):
                 grad = tf.zeros_like(out)
             out_grads.append(grad)
         with tf.name_scope(op.name.split("/")[-1] + "_grad"):

@@ -77,13 +77,12 @@ def cut_profile(view):
     ops = view.activation_ops
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
-    y_refs = {y.ref() for y in view.ys}
     tensors, births, deaths, sizes = [], [], [], []
     produced = np.zeros(end, dtype=np.float64)
     for i, op in enumerate(ops):
         for t in view.activation_outputs(op):
             last = max((position[c] for c in t.consumers() if c in position), default=i)
-            if t.ref() in y_refs:
+            if t.ref() in view.y_refs:
                 last = end
             size = view.tensor_bytes(t)
             tensors.append(t)

@@ -27,7 +27,8 @@ EXPENSIVE_TYPES = frozenset({
 })
 
 
-def _is_differentiable(dtype):
+def is_differentiable(dtype):
+    """True for dtypes gradients flow through (floating point and complex)."""
     return dtype.is_floating or dtype.is_complex
 
 
@@ -116,10 +117,12 @@ class ForwardGraph:
         inputs), as opposed to parameters (variable reads and what is computed from them
         alone), in creation order.
       x_tensors: one graph tensor per x: the tensor itself, or the variable's handle.
+      y_refs: `ref()` of every y.
     """
 
     def __init__(self, ys, xs, unknown_dim=1):
         self.ys = list(ys)
+        self.y_refs = {y.ref() for y in self.ys}
         self.xs = list(xs)
         self.unknown_dim = unknown_dim
         self.graph = self.ys[0].graph
@@ -259,12 +262,17 @@ class ForwardGraph:
     def op_flops(self, op):
         return op_flops(op, self.unknown_dim)
 
+    def feeds_region(self, tensor):
+        """True if some op that `ys` depend on consumes `tensor`."""
+        return any(c in self.region for c in tensor.consumers())
+
     def activation_outputs(self, op):
         """Outputs of an activation op that other activation ops (or ys) consume."""
-        ys = {y.ref() for y in self.ys}
         out = []
         for t in op.outputs:
-            if t.ref() in ys or any(c in self._activation_set for c in t.consumers()):
+            if t.ref() in self.y_refs or any(
+                c in self._activation_set for c in t.consumers()
+            ):
                 out.append(t)
         return out
 
