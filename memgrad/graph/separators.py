@@ -13,8 +13,10 @@ import dataclasses
 
 import networkx as nx
 import numpy as np
+import tensorflow as tf
 
 
+@tf.autograph.experimental.do_not_convert
 def single_tensor_separators(view):
     """Tensors every path from the inputs to `ys` goes through, in forward order.
 
@@ -65,6 +67,7 @@ class CutProfile:
         return [self.tensors[j] for j in np.flatnonzero(mask)]
 
 
+@tf.autograph.experimental.do_not_convert
 def cut_profile(view):
     """Live bytes at every position of the activation ops' topological order.
 
