@@ -56,6 +56,7 @@ class _Rewrite:
         self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
         self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
         self._segment_ops = {}  # checkpoint ref -> ops its recomputation copies
+
     def gradients_fn(self, *args, **kwargs):
         start = time.perf_counter()
         try:
