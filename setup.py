@@ -20,7 +20,7 @@ setup(
     install_requires=[
         "tensorflow>=2.16",
         "keras>=3.0",
-        "tensorflow-probability>=0.24",
+        "tensorflow-probability[tf]>=0.24",  # [tf] brings tf-keras, which tfp imports
         "networkx>=3.0",
         "toposort>=1.10",
         "numpy",
