@@ -65,7 +65,9 @@ def _memory_info(device: str) -> dict:
         raise MemoryStatsUnavailableError(
             f"TensorFlow keeps no allocator statistics for {device} ({error}). On CPU, set "
             "the environment variable TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow is "
-            "imported (or leave oneDNN enabled: do not set TF_ENABLE_ONEDNN_OPTS=0)."
+            "imported (or enable oneDNN, whose allocator keeps statistics: "
+            "TF_ENABLE_ONEDNN_OPTS=1; TensorFlow turns it on by default only on CPUs with "
+            "AVX-512)."
         ) from error
 
 

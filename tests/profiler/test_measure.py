@@ -109,14 +109,16 @@ def _run_without_bfc(script, **extra_env):
 
 
 def test_default_cpu_allocator_measures_large_tensors_and_warns():
-    # Without TF_CPU_ALLOCATOR_USE_BFC, a default install still measures 1 MiB activations.
+    # Without TF_CPU_ALLOCATOR_USE_BFC, oneDNN's allocator still measures 1 MiB activations.
+    # TensorFlow turns oneDNN on by default only on CPUs with AVX-512, so it is forced here.
     completed = _run_without_bfc(
         """
         import tensorflow as tf, memgrad
         f = tf.function(lambda x: [x * float(i) for i in range(1, 17)])
         r = memgrad.measure(f, args=(tf.ones([256, 1024]),))
         print("RATIO", r.peak_above_baseline_bytes / (16 * 2**20))
-        """
+        """,
+        TF_ENABLE_ONEDNN_OPTS="1",
     )
     ratio = float(completed.stdout.split("RATIO")[1])
     assert ratio == pytest.approx(1.0, rel=0.10)

@@ -1,6 +1,7 @@
 """Peak memory of one training step, reversible vs plain, at several depths (run as a script).
 
-Run in a subprocess by test_memory.py with TensorFlow's default CPU allocator: every
+Run in a subprocess by test_memory.py with oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1, no
+BFC): every
 tensor here is at least 1 MiB, which that allocator counts exactly, whereas the BFC
 allocator also counts the slack of chunks it hands out unsplit (up to 2x a request).
 """

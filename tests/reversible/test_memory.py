@@ -16,7 +16,9 @@ HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f 
 @pytest.fixture(scope="module")
 def peaks():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    # oneDNN's allocator keeps the statistics; TensorFlow enables it by default only on
+    # CPUs with AVX-512.
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, TF_ENABLE_ONEDNN_OPTS="1")
     out = subprocess.run(
         [sys.executable, "-W", "ignore", "-m", "tests.reversible.memory_probe", "additive,affine", "8,64"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=True,
