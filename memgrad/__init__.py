@@ -4,6 +4,8 @@ from memgrad import layers, selective
 
 from memgrad.checkpointing import (
     Analysis,
+    Budget,
+    BudgetError,
     GradientTape,
     analyze,
     checkpoint,
@@ -33,6 +35,8 @@ __version__ = "0.1.0"
 __all__ = [
     "layers",
     "Analysis",
+    "Budget",
+    "BudgetError",
     "GradientTape",
     "analyze",
     "checkpoint",

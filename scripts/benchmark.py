@@ -26,7 +26,10 @@ import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
 from memgrad.checkpointing import api as checkpointing_api  # noqa: E402
-from memgrad.profiler.workloads import conv_classifier, residual_chain  # noqa: E402
+from memgrad.checkpointing.strategies import memory_plan  # noqa: E402
+from memgrad.graph import ForwardGraph  # noqa: E402
+from memgrad.profiler.workloads import (  # noqa: E402
+    UNEVEN_WIDTHS, conv_classifier, residual_chain, uneven_chain)
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
@@ -211,7 +214,87 @@ def checkpointing_suite(rounds, batch=4096, width=128, depth=64):
     return rows
 
 
+def _sqrt_spacing(weights, loss_fn):
+    """Every round(sqrt(n))-th layer output of a ReLU chain, as a checkpoints function."""
+    def gradients(loss, variables):
+        relus = [op.outputs[0] for op in loss.graph.get_operations() if op.type == "Relu"]
+        k = max(1, round(len(relus) ** 0.5))
+        return memgrad.gradients(loss, variables, checkpoints=relus[k - 1:-1:k])
+    return gradients
+
+
+def budget_suite(rounds, batch=2048):
+    """memgrad.Budget at sqrt(n) spacing's measured peak, on a chain of uneven widths."""
+    x = tf.random.stateless_normal([batch, UNEVEN_WIDTHS[-1]], seed=[0, 3])
+    weights, loss_fn = uneven_chain()
+    sqrt_step = _gradient_step(weights, loss_fn, _sqrt_spacing(weights, loss_fn))
+    plain_step = _gradient_step(weights, loss_fn, tf.gradients)
+    sqrt_peak = memgrad.measure(sqrt_step, args=(x,)).peak_above_baseline_bytes
+    budget = memgrad.Budget(int(sqrt_peak))
+
+    def budgeted(loss, variables):
+        return memgrad.gradients(loss, variables, checkpoints=budget)
+
+    budget_step = _gradient_step(weights, loss_fn, budgeted)
+    steps = {"budget": budget_step, "sqrt": sqrt_step, "plain": plain_step}
+    seconds = time_side_by_side(steps, x, rounds)
+    peaks = {key: memgrad.measure(step, args=(x,)).peak_above_baseline_bytes
+             for key, step in steps.items()}
+    last = dict(budget.last)
+    rows = [{
+        "suite": "budget",
+        "case": (f"Budget({sqrt_peak / 2**20:.1f} MiB = sqrt(n) spacing's measured peak), "
+                 f"{len(weights)}-layer ReLU chain of widths 64-1024, batch {batch}: "
+                 f"measured {peaks['budget'] / 2**20:.1f} MiB (predicted "
+                 f"{last['predicted_bytes'] / 2**20:.1f}); time vs sqrt(n) spacing "
+                 f"{seconds['budget'] / seconds['sqrt']:.2f}x "
+                 f"({last['recomputed_flops'] / 1e9:.2f} GFLOP recomputed)"),
+        "time_ratio": seconds["budget"] / seconds["plain"],
+        "target_text": (f"time <= sqrt(n) spacing's "
+                        f"({'met' if seconds['budget'] <= seconds['sqrt'] else 'missed'}), "
+                        f"peak <= budget ({'met' if peaks['budget'] <= sqrt_peak else 'missed'})"),
+        "ms_memgrad": seconds["budget"] * 1e3,
+        "ms_plain": seconds["plain"] * 1e3,
+        "memory_ratio": peaks["budget"] / peaks["plain"],
+    }]
+    planning = _planning_seconds(1250)
+    rows.append({
+        "suite": "budget",
+        "case": (f"planning time at trace time, graph of {planning['ops']} ops (1250 residual "
+                 f"layers), Budget(0.2): {planning['seconds']:.2f} s; ms columns: planning vs "
+                 "the 'memory' strategy's analysis"),
+        "time_ratio": planning["seconds"] / planning["memory"],
+        "target_text": (f"<= 3 s ({'met' if planning['seconds'] <= 3 else 'missed'})"),
+        "ms_memgrad": planning["seconds"] * 1e3,
+        "ms_plain": planning["memory"] * 1e3,
+        "memory_ratio": None,
+    })
+    return rows
+
+
+def _planning_seconds(depth, width=128, batch=4096):
+    weights, loss_fn = residual_chain(depth, width, seed=1)
+    timings = {}
+
+    @tf.function(autograph=False)
+    def trace(x):
+        loss = loss_fn(x)
+        timings["ops"] = len(loss.graph.get_operations())
+        view = ForwardGraph([loss], weights)
+        start = time.perf_counter()
+        memgrad.Budget(0.2).plan(view)
+        timings["seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        memory_plan(ForwardGraph([loss], weights))
+        timings["memory"] = time.perf_counter() - start
+        return loss
+
+    trace.get_concrete_function(tf.TensorSpec([batch, width]))
+    return timings
+
+
 SUITES = {
+    "budget": budget_suite,
     "checkpointing": checkpointing_suite,
     "reversible": reversible_suite,
     "selective": selective_suite,

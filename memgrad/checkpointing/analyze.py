@@ -5,7 +5,9 @@ import time
 
 import tensorflow as tf
 
+from memgrad.checkpointing.budget import budget_curve
 from memgrad.checkpointing.strategies import choose
+from memgrad.graph.memory_model import MemoryModel
 from memgrad.graph.view import ForwardGraph
 from memgrad.profiler.report import format_bytes
 
@@ -26,6 +28,13 @@ class Analysis:
       forward_flops: estimated floating-point operations of the forward pass.
       seconds: time the analysis took.
       plan: the `CheckpointPlan` itself (tensors included).
+      predicted_bytes: the memory model's predicted activation peak with the plan
+        (`memgrad.graph.MemoryModel`: saved tensors, gradient partials, later parameter
+        gradients), and `plain_predicted_bytes` without checkpoints.
+      recomputed_flops: FLOPs the plan runs again in backward (predicted).
+      curve: the budget curve, a list of `memgrad.checkpointing.CurvePoint`: for budgets
+        from the smallest feasible one to plain backprop's peak, the predicted peak and
+        extra compute of the cheapest plan within each.
     """
 
     graph_ops: int
@@ -39,6 +48,10 @@ class Analysis:
     forward_flops: float
     seconds: float
     plan: object = dataclasses.field(repr=False, default=None)
+    predicted_bytes: float = 0.0
+    plain_predicted_bytes: float = 0.0
+    recomputed_flops: float = 0.0
+    curve: list = dataclasses.field(default_factory=list)
 
     @property
     def estimated_ratio(self):
@@ -69,8 +82,25 @@ class Analysis:
             f"activation memory:      {format_bytes(self.activation_bytes)} without, "
             f"{format_bytes(self.estimated_bytes)} with checkpoints "
             f"({self.estimated_ratio:.2f}x, estimated)",
+            f"predicted peak:         {format_bytes(self.predicted_bytes)} with the plan, "
+            f"{format_bytes(self.plain_predicted_bytes)} plain; "
+            f"recomputes {self.recomputed_flops / 1e6:.1f} MFLOP",
             f"analysis time:          {self.seconds * 1e3:.0f} ms",
-        ])
+        ] + self._curve_lines())
+
+    def _curve_lines(self):
+        if not self.curve:
+            return []
+        lines = ["budget curve (memgrad.Budget):",
+                 f"  {'budget':>12}  {'predicted peak':>14}  {'extra compute':>13}  kept"]
+        for p in self.curve:
+            if p.predicted_bytes is None:
+                lines.append(f"  {format_bytes(p.budget_bytes):>12}  {'no plan fits':>14}")
+                continue
+            lines.append(
+                f"  {format_bytes(p.budget_bytes):>12}  {format_bytes(p.predicted_bytes):>14}  "
+                f"{p.extra_compute:>12.0%}  {p.checkpoints:>4}")
+        return lines
 
     def __str__(self):
         return self.summary()
@@ -114,7 +144,8 @@ def _from_function(fn, args, kwargs):
 
 
 @tf.autograph.experimental.do_not_convert
-def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", **kwargs):
+def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", budget_points=6,
+            **kwargs):
     """Trace a computation, find its separators and the checkpoints a strategy would keep.
 
     Call it one of three ways: with a Python function returning the loss and example
@@ -128,6 +159,7 @@ def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", **kwargs):
       ys: (graph form) tensors to differentiate.
       xs: (graph form) tensors or variables.
       checkpoints: the strategy to evaluate (see `memgrad.gradients`).
+      budget_points: how many budgets the budget curve evaluates (0: no curve).
       **kwargs: example keyword arguments for tracing `fn`.
 
     Returns:
@@ -156,6 +188,10 @@ def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", **kwargs):
     if not view.ops:
         raise ValueError("None of xs is connected to ys: there is nothing to analyze.")
     plan = choose(view, checkpoints)
+    model = MemoryModel(view)
+    predicted, recomputed = model.predict(model.positions_of(plan.tensors))
+    plain, _ = model.predict([])
+    curve = budget_curve(view, points=budget_points, model=model) if budget_points else []
     return Analysis(
         graph_ops=len(view.graph.get_operations()),
         forward_ops=len(view.ops),
@@ -168,4 +204,8 @@ def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", **kwargs):
         forward_flops=float(sum(view.op_flops(op) for op in view.ops)),
         seconds=time.perf_counter() - start,
         plan=plan,
+        predicted_bytes=predicted,
+        plain_predicted_bytes=plain,
+        recomputed_flops=recomputed,
+        curve=curve,
     )

@@ -79,7 +79,9 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
       grad_ys: optional incoming gradients, one per y.
       checkpoints: `'memory'` (separators spaced by bytes, about sqrt(n) of them),
         `'speed'` (outputs of matrix products and convolutions), `'collection'` (tensors
-        marked with `memgrad.checkpoint`), or a list of tensors to keep.
+        marked with `memgrad.checkpoint`), a list of tensors to keep, or
+        `memgrad.Budget(bytes_or_fraction)`: the least recomputation whose predicted
+        activation peak fits the budget.
       name: a name scope for the gradient ops.
       **kwargs: passed to `tf.gradients`: `gate_gradients`, `aggregation_method`,
         `stop_gradients`, `unconnected_gradients`, `colocate_gradients_with_ops`.
@@ -90,6 +92,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     Raises:
       RuntimeError: when called eagerly.
       ValueError: when no x is connected to any y, or a checkpoint is not a forward tensor.
+      memgrad.BudgetError: when no plan fits a `Budget`; it states the smallest that does.
 
     Example:
       ```python
@@ -118,6 +121,11 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         )
     plan = choose(view, checkpoints)
     if not plan.tensors:
+        if plan.mode == "budget":  # plain backprop fits the budget: nothing to keep
+            return _TF_GRADIENTS_V1(
+                ys, xs, grad_ys=grad_ys, name=name, stop_gradients=stop_gradients or None,
+                unconnected_gradients=unconnected, **kwargs,
+            )
         warnings.warn(
             f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping in a "
             f"graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
@@ -137,6 +145,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         _last_rewrite.update(
             copied_ops=rewrite.copied_ops, segments=rewrite.segments,
             gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
+            mode=plan.mode, estimated_bytes=plan.estimated_bytes,
         )
         if unconnected == tf.UnconnectedGradients.ZERO:
             grads = [

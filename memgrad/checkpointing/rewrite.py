@@ -25,10 +25,10 @@ import collections
 import time
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
+from memgrad.graph.memory_model import gradient_function
 from memgrad.graph.view import is_differentiable
 
 
@@ -271,20 +271,13 @@ class _Rewrite:
         tensor outside the recomputed region) and TensorFlow has a gradient function for it:
         copying the op would only run it twice.
         """
-        if not self.view.recomputable(op) or self._gradient_function(op) is None:
+        if not self.view.recomputable(op) or gradient_function(op) is None:
             return False
         for t in op.inputs:
             if t.ref() in self.stop or not self.view.walkable(t.op):
                 continue
             return False
         return True
-
-    @staticmethod
-    def _gradient_function(op):
-        try:
-            return tf_ops.get_gradient_function(op)
-        except LookupError:
-            return None
 
     def _gradient_in_place(self, op, incoming):
         """(input tensor, gradient) pairs of `op`, from its registered gradient function."""
@@ -295,7 +288,7 @@ class _Rewrite:
                 grad = tf.zeros_like(out)
             out_grads.append(grad)
         with tf.name_scope(op.name.split("/")[-1] + "_grad"):
-            in_grads = self._gradient_function(op)(op, *out_grads)
+            in_grads = gradient_function(op)(op, *out_grads)
         if not isinstance(in_grads, (list, tuple)):
             in_grads = [in_grads]
         self.segments += 1

@@ -232,7 +232,8 @@ def choose(view, checkpoints):
         if checkpoints == "collection":
             return collection_plan(view)
         raise ValueError(
-            f"checkpoints must be one of {MODES} or a list of tensors. Received: "
+            f"checkpoints must be one of {MODES}, a list of tensors or a memgrad.Budget. "
+            "Received: "
             f"{checkpoints!r}"
         )
     if isinstance(checkpoints, (list, tuple)):
@@ -241,6 +242,7 @@ def choose(view, checkpoints):
     if callable(plan_fn):
         return plan_fn(view)
     raise TypeError(
-        f"checkpoints must be one of {MODES} or a list of tensors. Received: "
+        f"checkpoints must be one of {MODES}, a list of tensors or a memgrad.Budget. "
+            "Received: "
         f"{type(checkpoints).__name__}"
     )

@@ -23,8 +23,8 @@ class GradientTape(tf.GradientTape):
     Args:
       persistent: as for `tf.GradientTape`.
       watch_accessed_variables: as for `tf.GradientTape`.
-      checkpoints: the strategy: `'memory'`, `'speed'`, `'collection'` or a list of
-        tensors (see `memgrad.gradients`).
+      checkpoints: the strategy: `'memory'`, `'speed'`, `'collection'`, a list of
+        tensors, or a `memgrad.Budget` (see `memgrad.gradients`).
 
     Example:
       ```python

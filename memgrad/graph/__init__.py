@@ -1,11 +1,14 @@
 """The graph view and separator search; nothing here modifies a graph."""
 
+from memgrad.graph.memory_model import MemoryModel, gradient_reads
 from memgrad.graph.separators import CutProfile, cut_profile, single_tensor_separators
 from memgrad.graph.view import ForwardGraph, op_flops, tensor_bytes
 
 __all__ = [
     "CutProfile",
     "ForwardGraph",
+    "MemoryModel",
+    "gradient_reads",
     "cut_profile",
     "op_flops",
     "single_tensor_separators",

@@ -109,3 +109,31 @@ def residual_chain(depth: int, width: int, seed: int = 0):
         return tf.reduce_mean(h * h)
 
     return weights, loss_fn
+
+
+UNEVEN_WIDTHS = (64, 768, 256, 1024, 64, 512) * 4
+
+
+def uneven_chain(widths=UNEVEN_WIDTHS, seed=7):
+    """A ReLU chain whose layer widths vary 16-fold, where equal spacing keeps the wrong layers.
+
+    Args:
+      widths: output features of each layer; the input has ``widths[-1]`` features.
+      seed: seed of the weights.
+
+    Returns:
+      A pair: the list of weight variables, and ``loss_fn(x)`` returning mean(h * h).
+    """
+    sizes = [widths[-1]] + list(widths)
+    weights = [
+        tf.Variable(tf.random.stateless_normal([a, b], [seed, i]) / float(a) ** 0.5)
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+    ]
+
+    def loss_fn(x):
+        h = x
+        for w in weights:
+            h = tf.nn.relu(h @ w)
+        return tf.reduce_mean(h * h)
+
+    return weights, loss_fn
