@@ -103,10 +103,22 @@ class _Planner:
         if len(candidates) > DENSE_LIMIT:
             candidates = _local_minima(pr.live, candidates)
         self.candidates = candidates
+        self._family = None
         # Per tensor, excluding tensors every plan keeps anyway.
         self._births = pr.births[~m._forced]
         self._deaths = pr.deaths[~m._forced]
         self._sizes = pr.sizes[~m._forced]
+
+    def family(self):
+        """The 'memory' strategy's placements: `(peak, cost, cuts)` for every number of
+        segments, cuts near equal shares of the bytes (computed once)."""
+        if self._family is None:
+            self._family = []
+            for segments in range(2, min(self.n, 2 * math.isqrt(self.n) + 3) + 1):
+                cuts = _cuts_for(self.model.profile, segments)
+                if cuts:
+                    self._family.append(self.model.predict(cuts) + (cuts,))
+        return self._family
 
     def _final(self, a):
         return self.model.segment_bytes(a, self.n - 1, final=True)
@@ -191,7 +203,9 @@ class _Planner:
 
     def smallest_feasible(self, tolerance=0.005):
         """The smallest budget some plan fits (bisection over `solve`, within `tolerance`)."""
-        hi = self.plain_bytes
+        # Start from the best 'memory' placement (it fits its own peak): the searches
+        # then run at tight budgets, where the dynamic program's windows are short.
+        hi = min([self.plain_bytes] + [peak for peak, _, _ in self.family()])
         lo = self.model.forced_bytes
         while hi - lo > tolerance * hi:
             mid = (lo + hi) / 2
@@ -214,12 +228,7 @@ class _Planner:
         options = []
         if cuts is not None:
             options.append((m.predict(cuts)[1], cuts))
-        # The 'memory' strategy's family: cuts near equal shares of the bytes.
-        for segments in range(2, min(self.n, 2 * math.isqrt(self.n) + 3) + 1):
-            ref_cuts = _cuts_for(m.profile, segments)
-            peak, cost = m.predict(ref_cuts)
-            if ref_cuts and peak <= budget:
-                options.append((cost, ref_cuts))
+        options += [(cost, cuts) for peak, cost, cuts in self.family() if peak <= budget]
         if not options:
             raise _budget_error(budget, self.smallest_feasible(), self.plain_bytes)
         _, cuts = min(options, key=lambda o: o[0])

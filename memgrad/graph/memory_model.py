@@ -295,6 +295,12 @@ class MemoryModel:
         return list(chosen.values())
 
     def positions_of(self, tensors):
-        """Cut positions equivalent to keeping `tensors` (the position of each producer)."""
+        """Cut positions at the producers of `tensors`.
+
+        `predict` of these positions assumes every tensor alive at each position is kept,
+        which is what keeping `tensors` means when each is a separator (chains, residual
+        sums). For tensors that are not (one feature map inside a dense block) the rewrite
+        recomputes more than that, and the prediction is too low.
+        """
         return sorted({self.position[t.op] for t in tensors if t.op in self.position})
 

@@ -30,7 +30,9 @@ def tanh_chain(depth=48, width=256, batch=2048):
 
 
 def dense_blocks(batch=4096):
-    """Four densely connected blocks of eight layers: no single-tensor separator inside."""
+    """Four densely connected blocks of eight layers: no single-tensor separator inside.
+
+    Also the DenseNet-style workload of test_memory.py."""
     rng = np.random.default_rng(5)
     blocks = [[_var(rng, 32 + 32 * i, 32) for i in range(8)] for _ in range(4)]
     transitions = [_var(rng, 32 * 9, 32) for _ in range(4)]

@@ -13,6 +13,7 @@ import tensorflow as tf
 import memgrad
 from memgrad.checkpointing import api
 from memgrad.profiler.workloads import residual_chain
+from tests.checkpointing.budget_workloads import dense_blocks
 
 BATCH, WIDTH = 4096, 128
 
@@ -100,28 +101,6 @@ def test_fit_hook_saves_memory():
     assert hooked_peak <= 0.5 * plain_peak
 
 
-def _dense_blocks():
-    """Four densely connected blocks of eight layers: no single-tensor separator inside."""
-    rng = np.random.default_rng(5)
-
-    def var(*shape):
-        return tf.Variable(rng.standard_normal(shape).astype("float32") * 0.1)
-
-    blocks = [[var(32 + 32 * i, 32) for i in range(8)] for _ in range(4)]
-    transitions = [var(32 * 9, 32) for _ in range(4)]
-
-    def loss_fn(x):
-        h = x
-        for block, transition in zip(blocks, transitions):
-            features = [h]
-            for w in block:
-                features.append(tf.nn.relu(tf.concat(features, -1) @ w))
-            h = tf.concat(features, -1) @ transition
-        return tf.reduce_mean(h * h)
-
-    return [w for b in blocks for w in b] + transitions, loss_fn, [BATCH, 32]
-
-
 def _unet_skips():
     """Twelve encoder layers whose outputs all feed the decoder (U-Net skips)."""
     rng = np.random.default_rng(6)
@@ -144,7 +123,7 @@ def _unet_skips():
     return encoder + decoder, loss_fn, [BATCH, 64]
 
 
-@pytest.mark.parametrize("build, limit", [(_dense_blocks, 0.4), (_unet_skips, 0.75)],
+@pytest.mark.parametrize("build, limit", [(dense_blocks, 0.4), (_unet_skips, 0.75)],
                          ids=["densenet", "unet"])
 def test_graphs_without_single_separators_still_save(build, limit):
     """Multi-tensor cuts: measured 0.29x (dense blocks) and 0.61x (U-Net skips)."""
