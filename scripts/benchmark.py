@@ -214,13 +214,11 @@ def checkpointing_suite(rounds, batch=4096, width=128, depth=64):
     return rows
 
 
-def _sqrt_spacing(weights, loss_fn):
-    """Every round(sqrt(n))-th layer output of a ReLU chain, as a checkpoints function."""
-    def gradients(loss, variables):
-        relus = [op.outputs[0] for op in loss.graph.get_operations() if op.type == "Relu"]
-        k = max(1, round(len(relus) ** 0.5))
-        return memgrad.gradients(loss, variables, checkpoints=relus[k - 1:-1:k])
-    return gradients
+def _sqrt_spacing_gradients(loss, variables):
+    """memgrad.gradients keeping every round(sqrt(n))-th layer output of a ReLU chain."""
+    relus = [op.outputs[0] for op in loss.graph.get_operations() if op.type == "Relu"]
+    k = max(1, round(len(relus) ** 0.5))
+    return memgrad.gradients(loss, variables, checkpoints=relus[k - 1:-1:k])
 
 
 def _median_peak(step, x):
@@ -233,7 +231,7 @@ def budget_suite(rounds, batch=2048):
     """memgrad.Budget at sqrt(n) spacing's measured peak, on a chain of uneven widths."""
     x = tf.random.stateless_normal([batch, UNEVEN_WIDTHS[-1]], seed=[0, 3])
     weights, loss_fn = uneven_chain()
-    sqrt_step = _gradient_step(weights, loss_fn, _sqrt_spacing(weights, loss_fn))
+    sqrt_step = _gradient_step(weights, loss_fn, _sqrt_spacing_gradients)
     plain_step = _gradient_step(weights, loss_fn, tf.gradients)
     sqrt_peak = _median_peak(sqrt_step, x)
     budget = memgrad.Budget(int(sqrt_peak))

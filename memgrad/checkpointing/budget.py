@@ -93,13 +93,8 @@ class _Planner:
                 movable.add(t.ref())
         candidates = []
         for p in range(self.n - 1):
-            mask = (pr.births <= p) & (pr.deaths > p)
-            tensors = [pr.tensors[j] for j in np.flatnonzero(mask)]
-            if not tensors or any(t.ref() in movable for t in tensors):
-                continue
-            if m.cut_bytes(p) <= 0:
-                continue
-            candidates.append(p)
+            if m.cut_bytes(p) > 0 and not any(t.ref() in movable for t in pr.cut(p)):
+                candidates.append(p)
         if len(candidates) > DENSE_LIMIT:
             candidates = _local_minima(pr.live, candidates)
         self.candidates = candidates
@@ -225,14 +220,11 @@ class _Planner:
         if budget >= self.plain_bytes:
             return [], self.plain_bytes, 0.0
         cuts = self.solve(budget)
-        options = []
-        if cuts is not None:
-            options.append((m.predict(cuts)[1], cuts))
-        options += [(cost, cuts) for peak, cost, cuts in self.family() if peak <= budget]
+        options = [] if cuts is None else [m.predict(cuts) + (cuts,)]
+        options += [option for option in self.family() if option[0] <= budget]
         if not options:
             raise _budget_error(budget, self.smallest_feasible(), self.plain_bytes)
-        _, cuts = min(options, key=lambda o: o[0])
-        peak, cost = m.predict(cuts)
+        peak, cost, cuts = min(options, key=lambda option: option[1])
         return cuts, peak, cost
 
 
@@ -267,8 +259,9 @@ class Budget:
         nets and dense blocks was -5% to +10% (see the README).
 
     Attributes:
-      last: what the latest plan found: `budget_bytes`, `predicted_bytes`,
-        `plain_bytes`, `recomputed_flops`, `forward_flops`, `seconds`.
+      last: what the latest plan found: `budget_bytes`, `target_bytes` (the budget less
+        the margin), `predicted_bytes`, `plain_bytes`, `recomputed_flops`,
+        `forward_flops`, `checkpoints`, `seconds`.
 
     Raises:
       TypeError, ValueError: for a limit that is neither bytes nor a fraction in (0, 1].
@@ -331,8 +324,8 @@ class Budget:
         tensors = _absorb_bias(view, m.tensors_for(cuts))
         forward = float(m.flops.sum())
         self.last = dict(
-            budget_bytes=budget, target_bytes=target, predicted_bytes=peak, plain_bytes=planner.plain_bytes,
-            recomputed_flops=cost, forward_flops=forward, checkpoints=len(tensors),
+            budget_bytes=budget, target_bytes=target, predicted_bytes=peak,
+            plain_bytes=planner.plain_bytes, recomputed_flops=cost, forward_flops=forward, checkpoints=len(tensors),
             seconds=time.perf_counter() - start,
         )
         return CheckpointPlan(

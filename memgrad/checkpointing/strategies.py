@@ -233,8 +233,7 @@ def choose(view, checkpoints):
             return collection_plan(view)
         raise ValueError(
             f"checkpoints must be one of {MODES}, a list of tensors or a memgrad.Budget. "
-            "Received: "
-            f"{checkpoints!r}"
+            f"Received: {checkpoints!r}"
         )
     if isinstance(checkpoints, (list, tuple)):
         return list_plan(view, checkpoints)
@@ -243,6 +242,5 @@ def choose(view, checkpoints):
         return plan_fn(view)
     raise TypeError(
         f"checkpoints must be one of {MODES}, a list of tensors or a memgrad.Budget. "
-            "Received: "
-        f"{type(checkpoints).__name__}"
+        f"Received: {type(checkpoints).__name__}"
     )

@@ -143,41 +143,40 @@ class MemoryModel:
         position = {op: i for i, op in enumerate(ops)}
         index = {t.ref(): j for j, t in enumerate(profile.tensors)}
         read = np.zeros(len(profile.tensors), dtype=bool)
-        saved = np.zeros(n)
+        self._forced = np.zeros(len(profile.tensors), dtype=bool)
         work = np.zeros(n)
         param_grads = np.zeros(n)
-        forced = set()
+
+        def activations(tensors, reads):
+            """Bytes of the activations among `tensors`; marks those a gradient reads."""
+            total = 0.0
+            for i, t in enumerate(tensors):
+                j = index.get(t.ref())
+                if j is not None:
+                    total += profile.sizes[j]
+                    read[j] |= i in reads
+            return total
+
         for p, op in enumerate(ops):
             in_reads, out_reads = gradient_reads(op)
-            in_bytes = out_bytes = 0.0
-            for i, t in enumerate(op.inputs):
-                j = index.get(t.ref())
-                if j is not None:
-                    in_bytes += profile.sizes[j]
-                    if i in in_reads:
-                        read[j] = True
-                elif t.dtype.is_floating and view.is_forward(t.op):
-                    param_grads[p] += view.tensor_bytes(t)
-            for i, t in enumerate(op.outputs):
-                j = index.get(t.ref())
-                if j is not None:
-                    out_bytes += profile.sizes[j]
-                    if i in out_reads:
-                        read[j] = True
+            in_bytes = activations(op.inputs, in_reads)
+            out_bytes = activations(op.outputs, out_reads)
             elementwise = op.type in ELEMENTWISE_TYPES
             work[p] = max(in_bytes, out_bytes) if elementwise else in_bytes + out_bytes
+            param_grads[p] = sum(
+                view.tensor_bytes(t) for t in op.inputs
+                if t.ref() not in index and t.dtype.is_floating and view.is_forward(t.op))
             if not view.recomputable(op):
-                forced.update(index[t.ref()] for t in op.inputs if t.ref() in index)
-                forced.update(index[t.ref()] for t in op.outputs if t.ref() in index)
+                for t in (*op.inputs, *op.outputs):
+                    if t.ref() in index:
+                        self._forced[index[t.ref()]] = True
+        saved = np.zeros(n)
         np.add.at(saved, profile.births[read], profile.sizes[read])
-        self.read = read
         self.saved = saved
         self.work = work
         self.param_grads = param_grads
         self.flops = np.array([view.op_flops(op) for op in ops], dtype=np.float64)
-        self.forced_bytes = float(sum(profile.sizes[j] for j in forced))
-        self._forced = np.zeros(len(profile.tensors), dtype=bool)
-        self._forced[list(forced)] = True
+        self.forced_bytes = float(profile.sizes[self._forced].sum())
         # Prefix sums: S[p + 1] = sum over positions <= p.
         self.saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
         self.flops_prefix = np.concatenate([[0.0], np.cumsum(self.flops)])

@@ -59,13 +59,13 @@ def main(name):
 
         try:
             peaks = [memgrad.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
-                     for _ in range(3)]
+                     for _ in range(5)]
         except memgrad.BudgetError as error:
             info.update(error=str(error), predicted=0.0, flops=0.0, measured=1.0)
         else:
             # The executor's schedule differs from call to call, and with it the peak
-            # (+-6% on dense blocks, more on the uneven chain): the median of three calls.
-            info["measured"] = sorted(peaks)[1]
+            # (33-43 MiB on dense blocks for one plan): the median of five calls.
+            info["measured"] = sorted(peaks)[2]
             info["measured_range"] = [min(peaks), max(peaks)]
         results[label] = info
 
