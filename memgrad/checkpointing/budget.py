@@ -347,6 +347,13 @@ def budget_curve(view, budgets=None, points=8, model=None):
 
     Returns:
       A list of `CurvePoint`, one per budget, smallest budget first.
+
+    Example:
+      ```python
+      view = memgrad.graph.ForwardGraph([loss], variables)   # inside a tf.function
+      for point in budget_curve(view, points=5):
+          print(point.budget_bytes, point.predicted_bytes, point.extra_compute)
+      ```
     """
     planner = _Planner(view, model)
     forward = float(planner.model.flops.sum())

@@ -64,6 +64,12 @@ def gradient_reads(op):
       A pair of frozensets: indices of inputs read, indices of outputs read. Reading only
       a shape (Shape, ZerosLike, ...) does not count. Ops without a gradient function read
       nothing; when the probe fails, every floating input and output counts as read.
+
+    Example:
+      ```python
+      gradient_reads(relu_op)     # (frozenset(), frozenset({0})): ReLU reads its output
+      gradient_reads(matmul_op)   # (frozenset({0, 1}), frozenset()): both inputs
+      ```
     """
     key = _signature(op)
     if key in _probe_cache:
@@ -133,6 +139,13 @@ class MemoryModel:
       flops: flops[p] is op p's forward cost.
       forced_bytes: bytes of tensors every plan keeps (inputs and outputs of ops that
         cannot be re-run: stateful, function-calling, custom-gradient ops).
+
+    Example:
+      ```python
+      model = MemoryModel(ForwardGraph([loss], variables))   # inside a tf.function
+      plain_peak, _ = model.predict([])
+      peak, recomputed_flops = model.predict([10, 20, 30])   # cuts after ops 10, 20, 30
+      ```
     """
 
     def __init__(self, view):
