@@ -24,6 +24,8 @@ setup(
         "networkx>=3.0",
         "toposort>=1.10",
         "numpy",
+        "scikit-learn>=1.0",  # ships the 8x8 digits the model zoo trains on offline
+        "matplotlib>=3.5",  # sample grids and plots
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6"],
