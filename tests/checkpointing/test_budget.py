@@ -1,12 +1,7 @@
 """memgrad.Budget: the memory model against measured peaks, the planner against sqrt(n)
 spacing and against brute force, the error for budgets no plan fits, and the entry points."""
 
-import concurrent.futures
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -19,27 +14,17 @@ from memgrad.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
 from tests.checkpointing.models import loss_fn, max_relative_error, residual
+from tests.probes import run_probes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 2**20
 
 
 @pytest.fixture(scope="module")
 def probes():
     """Predicted and measured peaks per workload, each measured in a fresh process."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=ROOT)
-
-    def probe(name):
-        out = subprocess.run(
-            [sys.executable, "-W", "ignore", "-m", "tests.checkpointing.budget_probe", name],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True,
-        ).stdout
-        return json.loads(out.split("RESULT ", 1)[1])
-
-    # Two at a time (one per core): each process's peak is its own allocator's.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(WORKLOADS, pool.map(probe, WORKLOADS)))
+    measured = run_probes("tests.checkpointing.budget_probe", [[name] for name in WORKLOADS],
+                          "RESULT ", env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=600)
+    results = dict(zip(WORKLOADS, measured))
     for name, r in results.items():
         print(name, {k: (round(v["predicted"] / MiB, 1), round(v["measured"] / MiB, 1),
                          round(v["flops"] / 1e9, 2))

@@ -1,29 +1,22 @@
 """Activation memory of a reversible stack does not grow with depth; plain backprop's does."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.probes import run_probes
 from tests.reversible.memory_probe import BATCH, WIDTH
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f or g: 4 MiB
 
 
 @pytest.fixture(scope="module")
 def peaks():
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
-    # oneDNN's allocator keeps the statistics; TensorFlow enables it by default only on
-    # CPUs with AVX-512.
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, TF_ENABLE_ONEDNN_OPTS="1")
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "tests.reversible.memory_probe", "additive,affine", "8,64"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=True,
-    ).stdout
-    return json.loads(out.split("PEAKS ", 1)[1])
+    # oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs
+    # with AVX-512); without BFC. One process per kind, two at a time.
+    results = {}
+    for measured in run_probes("tests.reversible.memory_probe", [["additive", "8,64"], ["affine", "8,64"]],
+                               "PEAKS ", env={"TF_CPU_ALLOCATOR_USE_BFC": None, "TF_ENABLE_ONEDNN_OPTS": "1"}):
+        results.update(measured)
+    return results
 
 
 @pytest.mark.parametrize("kind", ["additive", "affine"])

@@ -1,0 +1,42 @@
+"""Training-step memory of the zoo: a Glow level does not grow with K; DenseNet-BC grows linearly.
+
+Measured in fresh processes (two at a time, one per core) with BFC and oneDNN's convolutions:
+TensorFlow's own (Eigen) CPU convolution gradients add an im2col scratch of up to 16 MiB per
+convolution in flight, the same for every variant, which would bury these small models'
+feature maps (a 16-layer DenseNet-BC measured 76 MiB with it, 9 MiB without).
+"""
+
+import pytest
+
+from tests.probes import run_probes
+
+PROBES = {"densenet": "40:1,100:1,100:0", "glow": "4:1,32:1,32:0"}
+
+
+@pytest.fixture(scope="module")
+def peaks():
+    measured = run_probes("tests.models.memory_probe", [[kind, configs] for kind, configs in PROBES.items()],
+                          "PEAKS ", env={"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    return dict(zip(PROBES, measured))
+
+
+def test_glow_level_peak_does_not_grow_with_steps(peaks):
+    glow = peaks["glow"]
+    shallow, deep = glow["4:1"], glow["32:1"]
+    assert shallow > 0
+    assert deep <= 1.2 * shallow, f"K=32: {deep / 2**20:.2f} MiB vs K=4: {shallow / 2**20:.2f} MiB"
+    # The same level trained by plain backprop stores every step's activations.
+    assert glow["32:0"] >= 4 * deep, f"plain K=32: {glow['32:0'] / 2**20:.2f} MiB"
+
+
+def test_efficient_densenet_is_at_most_half_of_plain_at_depth_100(peaks):
+    densenet = peaks["densenet"]
+    efficient, plain = densenet["100:1"], densenet["100:0"]
+    assert efficient <= 0.5 * plain, f"{efficient / 2**20:.1f} vs {plain / 2**20:.1f} MiB"
+
+
+def test_efficient_densenet_grows_about_linearly_with_depth(peaks):
+    """From 36 to 96 dense layers (2.67x), the efficient peak grows at most 1.25 x 2.67 times."""
+    densenet = peaks["densenet"]
+    growth = densenet["100:1"] / densenet["40:1"]
+    assert growth <= 1.25 * (96 / 36), f"x{growth:.2f} from depth 40 to 100"
