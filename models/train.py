@@ -140,7 +140,7 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
       data: ``((x_train, _), (x_test, _))`` with images in [0, 1].
       epochs: training epochs.
       batch_size: examples per step.
-      lr: Adam learning rate (linear warm-up over the first epoch).
+      lr: Adam learning rate (gradients clipped to a global norm of 50).
       output: ``.keras`` checkpoint path saved after every epoch, or ``None``.
       verbose: Keras verbosity (1: progress bar).
 
