@@ -33,3 +33,31 @@ def mirrored_strategy():
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
     assert len(devices) == 2, "tests/conftest.py configures two logical CPUs"
     return tf.distribute.MirroredStrategy(devices)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs the modules that wait for memory probes last, so the probes overlap the rest."""
+    from tests import probes
+
+    owners = probes.owners()
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", None) in owners)
+
+
+def pytest_collection_finish(session):
+    """Starts the selected modules' memory probes (tests/probes.py) while other tests run."""
+    if session.config.option.collectonly:
+        return
+    from tests import probes
+
+    modules = []
+    for item in session.items:
+        name = getattr(item.module, "__name__", None) if hasattr(item, "module") else None
+        if name and name not in modules:
+            modules.append(name)
+    probes.start_for(modules)
+
+
+def pytest_sessionfinish(session):
+    from tests import probes
+
+    probes.stop()

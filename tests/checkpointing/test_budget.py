@@ -14,17 +14,18 @@ from memgrad.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
 from tests.checkpointing.models import loss_fn, max_relative_error, residual
-from tests.probes import run_probes
+from tests import probes as probe_processes
 
 MiB = 2**20
+PROBES = probe_processes.declare(
+    "budget", "tests.checkpointing.budget_probe", [[name] for name in WORKLOADS], "RESULT ",
+    env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, owner=__name__, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def probes():
     """Predicted and measured peaks per workload, each measured in a fresh process."""
-    measured = run_probes("tests.checkpointing.budget_probe", [[name] for name in WORKLOADS],
-                          "RESULT ", env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=600)
-    results = dict(zip(WORKLOADS, measured))
+    results = dict(zip(WORKLOADS, probe_processes.results(PROBES)))
     for name, r in results.items():
         print(name, {k: (round(v["predicted"] / MiB, 1), round(v["measured"] / MiB, 1),
                          round(v["flops"] / 1e9, 2))

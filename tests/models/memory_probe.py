@@ -81,6 +81,7 @@ def glow(configs):
         peaks[config] = peak(sgd_step(model, loss_fn), (x, None))
     return peaks
 
+
 if __name__ == "__main__":
     kind, configs = sys.argv[1], sys.argv[2].split(",")
     print("PEAKS " + json.dumps({"densenet": densenet, "glow": glow}[kind](configs)), flush=True)

@@ -2,19 +2,21 @@
 
 import pytest
 
-from tests.probes import run_probes
+from tests import probes
 from tests.reversible.memory_probe import BATCH, WIDTH
 
 HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f or g: 4 MiB
+# oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs with
+# AVX-512); without BFC. One process per kind.
+PROBES = probes.declare(
+    "reversible", "tests.reversible.memory_probe", [["additive", "8,64"], ["affine", "8,64"]], "PEAKS ",
+    env={"TF_CPU_ALLOCATOR_USE_BFC": None, "TF_ENABLE_ONEDNN_OPTS": "1"}, owner=__name__)
 
 
 @pytest.fixture(scope="module")
 def peaks():
-    # oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs
-    # with AVX-512); without BFC. One process per kind, two at a time.
     results = {}
-    for measured in run_probes("tests.reversible.memory_probe", [["additive", "8,64"], ["affine", "8,64"]],
-                               "PEAKS ", env={"TF_CPU_ALLOCATOR_USE_BFC": None, "TF_ENABLE_ONEDNN_OPTS": "1"}):
+    for measured in probes.results(PROBES):
         results.update(measured)
     return results
 
