@@ -33,16 +33,21 @@ from memgrad.profiler.workloads import (  # noqa: E402
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
-def _training_step(forward, variables):
+def _sgd_step(variables, loss_of):
+    """A compiled SGD step minimising ``loss_of(x)`` over ``variables``."""
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(forward(x)))
+            loss = loss_of(x)
         for variable, grad in zip(variables, tape.gradient(loss, variables)):
             variable.assign_sub(1e-4 * grad)
         return loss
 
     return step
+
+
+def _training_step(forward, variables):
+    return _sgd_step(variables, lambda x: tf.reduce_mean(tf.square(forward(x))))
 
 
 def time_side_by_side(steps, x, rounds):
@@ -296,11 +301,54 @@ def _planning_seconds(depth, width=128, batch=4096):
     return timings
 
 
+def _classifier_step(model):
+    def cross_entropy(x):
+        logits = model(x, training=True)
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+            tf.zeros(tf.shape(x)[:1], tf.int32), logits, from_logits=True))
+
+    return _sgd_step(model.trainable_variables, cross_entropy)
+
+
+def zoo_suite(rounds, batch=16, size=16):
+    """The model zoo: memory-efficient DenseNet-BC and constant-memory Glow vs their plain twins."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from models.densenet import densenet_bc
+    from models.glow import Glow
+
+    rows = []
+    x = tf.random.stateless_normal([batch, size, size, 3], seed=[0, 1])
+    steps = {key: _classifier_step(densenet_bc(100, 12, efficient=key == "memgrad", input_shape=(size, size, 3)))
+             for key in ("memgrad", "plain")}
+    rows.append(_zoo_row(f"DenseNet-BC-100 k=12, efficient vs plain, batch {batch}x{size}x{size}x3",
+                         steps, x, rounds, 1.2))
+    images = tf.random.stateless_uniform([64, size, size, 3], seed=[0, 2])
+    glows = {key: Glow((size, size, 3), levels=1, steps=16, hidden=32, n_bins=256, reversible=key == "memgrad")
+             for key in ("memgrad", "plain")}
+    for glow in glows.values():
+        glow.build()
+    glows["plain"].set_weights(glows["memgrad"].get_weights())
+    steps = {key: _sgd_step(glow.trainable_variables, lambda t, g=glow: tf.reduce_mean(g(t, training=True)))
+             for key, glow in glows.items()}
+    rows.append(_zoo_row(f"Glow level (K=16, hidden 32), reversible vs plain, batch 64x{size}x{size}x3",
+                         steps, images, rounds, 1.4))
+    return rows
+
+
+def _zoo_row(case, steps, x, rounds, target):
+    seconds = time_side_by_side(steps, x, rounds)
+    peaks = {key: _median_peak(step, x) for key, step in steps.items()}
+    return {"suite": "zoo", "case": case, "time_ratio": seconds["memgrad"] / seconds["plain"],
+            "target": target, "ms_memgrad": seconds["memgrad"] * 1e3, "ms_plain": seconds["plain"] * 1e3,
+            "memory_ratio": peaks["memgrad"] / peaks["plain"]}
+
+
 SUITES = {
     "budget": budget_suite,
     "checkpointing": checkpointing_suite,
     "reversible": reversible_suite,
     "selective": selective_suite,
+    "zoo": zoo_suite,
 }
 
 
