@@ -179,7 +179,7 @@ def glow_main(argv=None):
     parser.add_argument("--plain", action="store_true",
                         help="plain backprop instead of the constant-memory stack (same model)")
     parser.add_argument("--samples", default=None,
-                        help="write a PNG grid of 64 samples at temperature 0.7 ")
+                        help="write a PNG grid of 64 samples at temperature 0.7")
     _common_arguments(parser, epochs=40, batch_size=64, lr=1e-3)
     args = parser.parse_args(argv)
     _check_positive(parser, args, ["epochs", "batch_size", "lr", "levels", "steps", "hidden"])
