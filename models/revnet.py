@@ -35,7 +35,7 @@ DEFAULT_CHANNELS = {False: (32, 32, 64, 128), True: (32, 128, 256, 512)}
 
 
 def revnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, channels=None,
-           weight_decay=1e-4, name=None):
+           weight_decay=1e-4, name=None, reversible=True):
     """A reversible residual network for small images.
 
     Args:
@@ -47,6 +47,8 @@ def revnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, chan
       channels: ``(stem, stage1, stage2, stage3)`` widths; default the paper's.
       weight_decay: L2 factor on convolution and dense kernels (0 disables).
       name: model name (default ``revnet-<depth>``).
+      reversible: train the reversible stages with constant-memory gradients; ``False`` runs
+        the same network with plain backprop (`ReversibleSequence(plain_backprop=True)`).
 
     Returns:
       An uncompiled ``keras.Model`` mapping images to logits.
@@ -88,7 +90,8 @@ def revnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, chan
                 )
                 for u in range(reversible_units)
             ]
-            h = ReversibleSequence(couplings, name=f"stage{stage + 1}_reversible")(h)
+            h = ReversibleSequence(couplings, plain_backprop=not reversible,
+                                   name=f"stage{stage + 1}_reversible")(h)
     outputs = zoo_layers.classifier_head(h, num_classes, weight_decay)
     return keras.Model(inputs, outputs, name=name or f"revnet-{depth}")
 

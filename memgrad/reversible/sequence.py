@@ -98,6 +98,8 @@ class ReversibleSequence(keras.layers.Layer):
         the backward pass, measure how far the rebuilt input drifted from it;
         warn when the relative drift exceeds ``reconstruction_tolerance``.
       reconstruction_tolerance: the relative drift that triggers the warning.
+      plain_backprop: run the same blocks with ordinary autodiff instead (every
+        block's activations kept), to compare memory and time with the same weights.
       **kwargs: Keras layer arguments.
 
     Returns (when called):
@@ -114,7 +116,7 @@ class ReversibleSequence(keras.layers.Layer):
     """
 
     def __init__(self, blocks, return_logdet=False, check_reconstruction=False,
-                 reconstruction_tolerance=1e-3, **kwargs):
+                 reconstruction_tolerance=1e-3, plain_backprop=False, **kwargs):
         super().__init__(**kwargs)
         if isinstance(blocks, (ReversibleBlock, keras.layers.Layer)) or not hasattr(blocks, "__iter__"):
             raise ValueError(
@@ -127,6 +129,7 @@ class ReversibleSequence(keras.layers.Layer):
         self.return_logdet = bool(return_logdet)
         self.check_reconstruction = bool(check_reconstruction)
         self.reconstruction_tolerance = float(reconstruction_tolerance)
+        self.plain_backprop = bool(plain_backprop)
         self.last_reconstruction_error = None
 
     def build(self, input_shape):
@@ -151,7 +154,10 @@ class ReversibleSequence(keras.layers.Layer):
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def call(self, inputs, training=None):
-        y, logdet = self._run(inputs, training)
+        if self.plain_backprop:
+            y, logdet = self._run_plain(inputs, training)
+        else:
+            y, logdet = self._run(inputs, training)
         return (y, logdet) if self.return_logdet else y
 
     def inverse(self, outputs, training=None):
@@ -168,6 +174,14 @@ class ReversibleSequence(keras.layers.Layer):
         for block in reversed(self.blocks):
             h = block.inverse(h, training=training)
         return h
+
+    def _run_plain(self, x, training):
+        h = x
+        logdet = tf.zeros(tf.shape(x)[:1], dtype=x.dtype)
+        for block in self.blocks:
+            h, block_logdet = block.forward(h, training=training)
+            logdet = logdet + tf.cast(block_logdet, logdet.dtype)
+        return h, logdet
 
     def _run(self, x, training):
         blocks = self.blocks
@@ -238,6 +252,7 @@ class ReversibleSequence(keras.layers.Layer):
             return_logdet=self.return_logdet,
             check_reconstruction=self.check_reconstruction,
             reconstruction_tolerance=self.reconstruction_tolerance,
+            plain_backprop=self.plain_backprop,
         )
         return config
 

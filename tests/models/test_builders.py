@@ -35,6 +35,17 @@ def test_densenet_bc_100_has_the_papers_08m_parameters():
     assert round(count / 1e6, 1) == 0.8, count
 
 
+
+def test_revnet_with_plain_backprop_is_the_same_network():
+    reversible = revnet.revnet(38, input_shape=(8, 8, 3))
+    plain = revnet.revnet(38, input_shape=(8, 8, 3), reversible=False)
+    assert trainable_parameters(plain) == trainable_parameters(reversible)
+    stages = [layer for layer in plain.layers if isinstance(layer, ReversibleSequence)]
+    assert len(stages) == 3 and all(stage.plain_backprop for stage in stages)
+    plain.set_weights(reversible.get_weights())
+    x = np.random.default_rng(0).uniform(size=(2, 8, 8, 3)).astype("float32")
+    np.testing.assert_allclose(plain(x).numpy(), reversible(x).numpy(), rtol=1e-5, atol=1e-6)
+
 def test_revnet_stages_are_reversible_between_downsampling_units():
     model = revnet.revnet(38, input_shape=(32, 32, 3))
     stacks = [layer for layer in model.layers if isinstance(layer, ReversibleSequence)]
