@@ -161,12 +161,15 @@ class BatchSearch:
 
 
 def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
-                   high=4096, timeout=600.0) -> BatchSearch:
+                   high=4096, timeout=600.0, start=None, rtol=0.0) -> BatchSearch:
     """Finds the largest batch size for which ``target`` fits under ``limit`` bytes.
 
     Doubles the batch from ``low`` until a run does not fit (or ``high`` is
     reached), then bisects between the last fitting and first failing size. Each
-    probe is one `run_capped` subprocess.
+    probe is one `run_capped` subprocess. With a ``start`` guess (e.g. extrapolated
+    from a measured peak) the search begins there (halving while runs do not fit) and
+    then aims each probe just below the size where a line through the fitting runs'
+    peaks meets the cap: a handful of probes instead of a dozen.
 
     Args:
       target: ``'module:function'`` taking the batch size as keyword ``batch_arg``.
@@ -176,9 +179,13 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
       low: the smallest batch size tried.
       high: the largest batch size tried.
       timeout: seconds allowed for each probe.
+      start: an optional first guess in ``[low, high]``.
+      rtol: stop bisecting once the first failing size is within ``rtol`` of the
+        largest fitting one (``0``: exact).
 
     Returns:
-      A `BatchSearch` with the largest fitting ``batch_size`` and all probes.
+      A `BatchSearch` with the largest fitting ``batch_size`` (a size that ran under
+      the cap) and all probes.
 
     Raises:
       ValueError: for bad bounds, target or limit.
@@ -192,6 +199,10 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
     """
     if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
         raise ValueError(f"Expected integers 1 <= low <= high. Received: low={low!r}, high={high!r}")
+    if start is not None and not (isinstance(start, int) and low <= start <= high):
+        raise ValueError(f"Expected start to be an int in [low, high] = [{low}, {high}]. Received: {start!r}")
+    if not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
+        raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
     probes = []
 
     def fits(batch):
@@ -199,19 +210,52 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
         probes.append(run)
         return run.fits
 
-    if not fits(low):
-        return BatchSearch(0, _limit_in_mib(limit) * 2**20, tuple(probes))
-    good, bad = low, None
-    while bad is None and good < high:
-        candidate = min(good * 2, high)
-        if fits(candidate):
+    limit_bytes = _limit_in_mib(limit) * 2**20
+    peaks = {}  # batch -> peak bytes of the runs that fit
+
+    def estimate():
+        """The batch whose peak would reach the cap, from the fitting runs' peaks (a line)."""
+        points = sorted(peaks.items())
+        if len(points) >= 2 and points[-1][1] > points[0][1]:
+            (b0, p0), (b1, p1) = points[0], points[-1]
+            slope = (p1 - p0) / (b1 - b0)
+            return int(b1 + (limit_bytes - p1) / slope)
+        b1, p1 = points[-1]
+        return int(b1 * limit_bytes / max(p1, 1))
+
+    def fits_and_record(batch):
+        ok = fits(batch)
+        if ok and probes[-1].peak_bytes:
+            peaks[batch] = probes[-1].peak_bytes
+        return ok
+
+    good, bad, candidate = None, None, low if start is None else start
+    while good is None:  # from the guess down, halving, to a size that fits
+        if fits_and_record(candidate):
+            good = candidate
+        elif candidate == low:
+            return BatchSearch(0, limit_bytes, tuple(probes))
+        else:
+            bad, candidate = candidate, max(low, candidate // 2)
+    boost = 1  # grows each time the extrapolation proves too cautious
+    while good < high and (bad is None or bad - good > max(1, rtol * good)):
+        step = max(1, int(rtol * good))
+        upper = high if bad is None else bad - 1
+        if start is None:  # plain doubling, then bisection
+            candidate = min(good * 2, high) if bad is None else (good + bad) // 2
+        else:  # aim at the extrapolated limit
+            aim = estimate() if peaks else good * 2
+            if aim > good and (bad is None or aim < bad):
+                candidate = aim
+            elif bad is None or aim <= good:
+                candidate, boost = good + step * boost, boost * 4
+            else:
+                candidate = (good + bad) // 2
+            candidate = min(max(candidate, good + step), upper)
+        if candidate <= good:
+            break
+        if fits_and_record(candidate):
             good = candidate
         else:
             bad = candidate
-    while bad is not None and bad - good > 1:
-        middle = (good + bad) // 2
-        if fits(middle):
-            good = middle
-        else:
-            bad = middle
     return BatchSearch(good, _limit_in_mib(limit) * 2**20, tuple(probes))

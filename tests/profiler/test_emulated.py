@@ -70,3 +70,45 @@ def test_max_batch_size_on_the_emulated_device():
 def test_max_batch_size_rejects_bad_bounds(bounds):
     with pytest.raises(ValueError, match="low <= high"):
         memgrad.max_batch_size(HOLD, "64MiB", **bounds)
+
+
+def _linear_device(calls, fixed_mib=3.0, mib_per_item=0.1, cap_mib=64):
+    """A fake emulated device whose peak is fixed_mib + batch * mib_per_item (fits 610 items)."""
+
+    def fake_run(target, limit, kwargs, timeout):
+        batch = kwargs["batch_size"]
+        calls.append(batch)
+        peak = int((fixed_mib + batch * mib_per_item) * 2**20)
+        fits = peak <= cap_mib * 2**20
+        return emulated.CappedRun(target, kwargs, cap_mib * 2**20, fits, peak if fits else None, "", 0.0)
+
+    return fake_run
+
+
+@pytest.mark.parametrize("start", [100, 5000])
+def test_max_batch_size_from_a_guess_extrapolates_the_fitting_peaks(monkeypatch, start):
+    calls = []
+    monkeypatch.setattr(emulated, "run_capped", _linear_device(calls))
+    search = memgrad.max_batch_size(HOLD, "64MiB", start=start, high=10**5)
+    assert search.batch_size == 610
+    assert calls[0] == start and len(calls) == len(set(calls)) <= 9, calls
+    # Without the guess, doubling and bisection take more probes for the same answer.
+    plain_calls = []
+    monkeypatch.setattr(emulated, "run_capped", _linear_device(plain_calls))
+    assert memgrad.max_batch_size(HOLD, "64MiB", high=10**5).batch_size == 610
+    assert len(plain_calls) > len(calls)
+
+
+def test_max_batch_size_stops_within_the_tolerance(monkeypatch):
+    calls = []
+    monkeypatch.setattr(emulated, "run_capped", _linear_device(calls))
+    search = memgrad.max_batch_size(HOLD, "64MiB", start=50, rtol=0.05, high=10**5)
+    failing = min(run.kwargs["batch_size"] for run in search.probes if not run.fits)
+    assert 0.95 * 610 <= search.batch_size <= 610 < failing <= search.batch_size * 1.05 + 1
+
+
+@pytest.mark.parametrize("arguments, match", [({"start": 0}, "start"), ({"start": 10, "high": 5}, "start"),
+                                              ({"rtol": 1.5}, "rtol")])
+def test_max_batch_size_rejects_a_bad_guess_or_tolerance(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        memgrad.max_batch_size(HOLD, "64MiB", **arguments)
