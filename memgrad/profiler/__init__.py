@@ -1,4 +1,4 @@
-"""memgrad's measuring instrument: peak memory of a call, and an emulated small device."""
+"""memgrad's measuring instrument: peak memory of a call, what is alive at the peak, an emulated small device."""
 
 from memgrad.profiler.emulated import BatchSearch, CappedRun, CappedRunError, max_batch_size, run_capped
 from memgrad.profiler.measure import (
@@ -8,6 +8,7 @@ from memgrad.profiler.measure import (
     measure,
     resolve_device,
 )
+from memgrad.profiler.live import LiveTensor, PeakTensors, largest_live_tensors
 from memgrad.profiler.report import MemoryReport, format_bytes, parse_bytes
 
 __all__ = [
@@ -19,6 +20,9 @@ __all__ = [
     "default_device",
     "exact_cpu_stats_enabled",
     "format_bytes",
+    "largest_live_tensors",
+    "LiveTensor",
+    "PeakTensors",
     "max_batch_size",
     "measure",
     "parse_bytes",

@@ -1,0 +1,63 @@
+"""largest_live_tensors: the buffers alive at a step's peak, read from TensorFlow's profiler."""
+
+import pytest
+import tensorflow as tf
+
+from memgrad.profiler import live
+from memgrad.profiler.live import LiveTensor, largest_live_tensors, replay
+
+
+def _alloc(address, usage, nbytes, op, shape="[1]", dtype=1):
+    return (0, "MemoryAllocation", {"addr": address, "bytes_allocated": usage, "requested_bytes": nbytes,
+                                    "tf_op": op, "shape": shape, "data_type": dtype})
+
+
+def _free(address, usage):
+    return (0, "MemoryDeallocation", {"addr": address, "bytes_allocated": usage})
+
+
+def test_replay_lists_what_was_alive_at_the_highest_usage():
+    events = [_alloc(1, 100, 100, "a"), _alloc(2, 400, 300, "b", "[3,25]"), _free(1, 300),
+              _alloc(3, 350, 50, "c"), _free(2, 50), _alloc(4, 250, 200, "d")]
+    peak = replay(events, k=5)
+    assert peak.peak_bytes == 400
+    assert peak.tensors == (LiveTensor("b", "[3,25]", "float32", 300), LiveTensor("a", "[1]", "float32", 100))
+    assert peak.other_bytes == 0
+    top1 = replay(events, k=1)
+    assert [t.op for t in top1.tensors] == ["b"] and top1.other_bytes == 100
+
+
+def test_the_step_peak_holds_the_activations_plain_backprop_keeps():
+    width, batch, depth = 256, 512, 6
+    kernels = [tf.Variable(tf.random.stateless_normal([width, width], [0, i]) * 0.05) for i in range(depth)]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for i, kernel in enumerate(kernels):
+                h = tf.tanh(tf.matmul(h, kernel, name=f"layer{i}"))
+            loss = tf.reduce_sum(h)
+        return tape.gradient(loss, kernels)
+
+    x = tf.ones([batch, width])
+    peak = largest_live_tensors(step, args=(x,), k=4, device="CPU:0")
+    activation = batch * width * 4
+    assert len(peak.tensors) == 4
+    assert all(t.bytes == activation and t.shape == f"[{batch},{width}]" and t.dtype == "float32"
+               for t in peak.tensors), peak
+    # Plain backprop keeps the forward activations until their gradients are taken.
+    assert sum(t.op.startswith("layer") for t in peak.tensors) >= 2, peak
+    assert peak.peak_bytes >= sum(t.bytes for t in peak.tensors)
+    assert "largest tensors alive at the peak" in str(peak)
+
+
+def test_bad_k_is_rejected():
+    with pytest.raises(ValueError, match="k to be an int >= 1"):
+        largest_live_tensors(tf.function(lambda: tf.ones([2])), k=0)
+
+
+def test_no_events_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(live, "_allocation_events", lambda space, hint: [])
+    with pytest.raises(RuntimeError, match="recorded no allocation"):
+        largest_live_tensors(tf.function(lambda x: x * 2.0), args=(tf.ones([4]),), device="CPU:0")
