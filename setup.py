@@ -26,6 +26,7 @@ setup(
         "numpy",
         "scikit-learn>=1.0",  # ships the 8x8 digits the model zoo trains on offline
         "matplotlib>=3.5",  # sample grids and plots
+        "tqdm>=4.0",  # memgrad-profile's progress bar
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6"],

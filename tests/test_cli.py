@@ -1,30 +1,183 @@
-import json
+"""memgrad-profile: the default headline run, --budget, --top, model sources, output files, errors."""
 
+import json
+import os
+import tempfile
+
+import keras
+import numpy as np
 import pytest
 
 from memgrad import cli
+from tests import probes
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_RUNS = tempfile.mkdtemp(prefix="memgrad-cli-tests-")
+DEFAULT_DIR = os.path.join(_RUNS, "default")
+BUDGET_DIR = os.path.join(_RUNS, "budget")
+BUDGET_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "64", "--strategies", "plain", "reversible",
+               "--budget", "24MB", "--repeats", "1", "--no-progress"]
+
+# The two slow runs go in fresh processes, started in the background when collection ends.
+PROBES = probes.declare("cli", "tests.cli_probe", [[DEFAULT_DIR], [BUDGET_DIR, *BUDGET_ARGS]], "CLI ",
+                        owner=__name__, timeout=1500)
 
 
-def test_profile_prints_a_table_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "rows.json"
-    status = cli.main(["--depths", "2", "8", "--batch-size", "64", "--width", "128",
-                       "--device", "CPU:0", "--json", str(out)])
-    assert status == 0
-    printed = capsys.readouterr().out
-    assert "peak MiB" in printed
-    rows = json.loads(out.read_text())
-    assert [row["depth"] for row in rows] == [2, 8]
-    # A deeper plain network keeps more activations.
-    assert rows[1]["peak_above_baseline_bytes"] > rows[0]["peak_above_baseline_bytes"]
+@pytest.fixture(scope="module")
+def runs():
+    default, budget = probes.results(PROBES)
+    return {"default": default, "budget": budget}
 
 
-def test_bad_device_is_one_line_and_nonzero(capsys):
-    assert cli.main(["--depths", "2", "--device", "TPU:9"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("memgrad-profile: error:") and "\n" not in err
+def _assert_png(path):
+    import matplotlib.image
+
+    with open(path, "rb") as handle:
+        assert handle.read(8) == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
-def test_bad_arguments_exit_nonzero():
+def _assert_schema(result):
+    assert set(result) >= {"command", "model", "device", "strategies", "depths", "batch_sizes", "versions",
+                           "rows", "budget", "top"}
+    assert set(result["versions"]) == {"memgrad", "tensorflow", "keras", "python"}
+    for row in result["rows"]:
+        assert set(row) == {"model", "strategy", "depth", "batch_size", "peak_bytes", "peak_above_baseline_bytes",
+                            "ms_per_step", "memory_ratio", "time_overhead", "out_of_memory"}
+        assert row["strategy"] in result["strategies"] and row["batch_size"] in result["batch_sizes"]
+        assert isinstance(row["peak_bytes"], int) and isinstance(row["peak_above_baseline_bytes"], int)
+        assert row["ms_per_step"] > 0 and row["out_of_memory"] is False
+        if row["strategy"] == "plain":
+            assert row["memory_ratio"] == 1.0 and row["time_overhead"] == 1.0
+
+
+def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(runs):
+    run = runs["default"]
+    assert run["status"] == 0, run["stderr"]
+    result = run["json"]
+    _assert_schema(result)
+    assert result["model"] == "coupling" and result["strategies"] == ["plain", "memory", "reversible"]
+    assert result["depths"] == [2, 4, 8, 16] and result["device"] == "CPU:0"
+    peaks = {(r["strategy"], r["depth"]): r["peak_above_baseline_bytes"] for r in result["rows"]}
+    ratios = {(r["strategy"], r["depth"]): r["memory_ratio"] for r in result["rows"]}
+    # Plain backprop grows with depth; the reversible stack does not; checkpointing grows slower.
+    # Measured: plain 2.3 -> 9.1 MiB, reversible 1.3 -> 1.5 MiB, ratios at 16: 0.17x and 0.42x.
+    assert peaks["plain", 16] > 3 * peaks["plain", 2]
+    assert peaks["reversible", 16] < 1.5 * peaks["reversible", 2]
+    assert ratios["reversible", 16] < 0.3 and ratios["memory", 16] < 0.55, ratios
+    assert "peak MiB" in run["stdout"] and "wrote memgrad-profile.png" in run["stdout"]
+    assert "Traceback" not in run["stderr"]
+    _assert_png(os.path.join(DEFAULT_DIR, "memgrad-profile.png"))
+
+
+def test_budget_finds_a_larger_batch_for_the_reversible_stack(runs):
+    run = runs["budget"]
+    assert run["status"] == 0, run["stderr"]
+    found = {entry["strategy"]: entry for entry in run["json"]["budget"]}
+    plain, reversible = found["plain"], found["reversible"]
+    assert 0 < plain["batch_size"] < plain["first_failing"]
+    # Measured on the emulated 24 MB device: ~2,100 vs ~10,900 (5.1x).
+    assert reversible["batch_size"] > 2 * plain["batch_size"], found
+    assert reversible["vs_plain"] == pytest.approx(reversible["batch_size"] / plain["batch_size"])
+    assert reversible["budget_bytes"] == 22 * 2**20  # 24 MB rounded down to whole MiB
+    assert "fits" in run["stdout"] and "the batch of plain" in run["stdout"]
+
+
+def _run(capsys, *arguments):
+    status = cli.main(["--no-progress", "--repeats", "1", "--device", "CPU:0", *arguments])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.ReLU(),
+                              keras.layers.Dense(4)])
+    path = str(tmp_path / "small.keras")
+    model.save(path)
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    status, out, err = _run(capsys, "--model", path, "--batch-sizes", "8", "32",
+                            "--json", str(out_json), "--plot", str(out_png))
+    assert status == 0, err
+    result = json.loads(out_json.read_text())
+    _assert_schema(result)
+    assert result["strategies"] == ["plain", "memory", "speed", "selective"] and result["depths"] == [None]
+    assert [(r["strategy"], r["batch_size"]) for r in result["rows"]][:2] == [("plain", 8), ("memory", 8)]
+    _assert_png(out_png)  # a batch-size sweep: memory against batch size
+
+
+def test_a_builder_with_depths_and_the_largest_tensors_at_the_peak(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    status, out, err = _run(capsys, "--model", "tests.cli_builders:mlp", "--depths", "2", "6",
+                            "--batch-sizes", "256", "--strategies", "plain", "memory", "--top", "3",
+                            "--json", str(out_json), "--plot", str(tmp_path / "r.png"))
+    assert status == 0, err
+    result = json.loads(out_json.read_text())
+    peaks = {(r["strategy"], r["depth"]): r["peak_above_baseline_bytes"] for r in result["rows"]}
+    assert peaks["plain", 6] > peaks["plain", 2]
+    top = result["top"]["plain"]
+    assert top["depth"] == 6 and len(top["tensors"]) == 3
+    assert all(set(t) == {"op", "shape", "dtype", "bytes"} for t in top["tensors"])
+    # The MLP's activations are [256, 64] float32: 64 KiB each.
+    assert top["tensors"][0]["bytes"] >= 256 * 64 * 4 and top["tensors"][0]["dtype"] == "float32"
+    assert top["peak_bytes"] >= sum(t["bytes"] for t in top["tensors"])
+    assert "largest tensors alive at the peak" in out
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--model", "glow", "--strategies", "selective"], "has no 'selective' strategy"),
+    (["--model", "missing.keras"], "does not exist"),
+    (["--model", "no_such_module_x:build"], "cannot import builder"),
+    (["--model", "tests.cli_builders:not_a_model", "--depths", "2"], "must return a keras.Model"),
+    (["--model", "resnet", "--depths", "7"], "resnet at depth 7"),
+    (["--width", "63", "--depths", "2"], "even width"),
+    (["--depths", "2", "--device", "TPU:9"], "device"),
+])
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(capsys, arguments, message):
+    status, out, err = _run(capsys, *arguments, "--json", "", "--plot", "")
+    assert status == 2
+    err = err.strip()
+    assert err.startswith("memgrad-profile: error:") and "\n" not in err and message in err, err
+    assert "Traceback" not in err
+
+
+def test_an_unreadable_model_file_is_one_clear_line(tmp_path, capsys):
+    path = tmp_path / "broken.keras"
+    path.write_bytes(b"this is not a keras archive")
+    status, out, err = _run(capsys, "--model", str(path), "--json", "", "--plot", "")
+    assert status == 2 and err.strip().startswith("memgrad-profile: error: cannot load model file")
+    assert "\n" not in err.strip()
+
+
+def test_a_model_file_with_depths_is_rejected(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).save(str(path))
+    status, out, err = _run(capsys, "--model", str(path), "--depths", "4")
+    assert status == 2 and "fixed depth" in err
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--strategies", "fastest"], "invalid choice"),
+    (["--budget", "lots"], "expected a memory size"),
+    (["--budget", "10KB"], "at least 1 MiB"),
+    (["--depths", "0"], "expected a positive integer"),
+    (["--top", "-1"], "expected a positive integer"),
+])
+def test_malformed_arguments_exit_2_with_usage(capsys, arguments, message):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--depths", "0"])
+        cli.main(arguments)
     assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_plot_of_a_single_point_is_a_bar_chart(tmp_path):
+    rows = [{"model": "m", "strategy": s, "depth": None, "batch_size": 8, "peak_bytes": 10,
+             "peak_above_baseline_bytes": b, "ms_per_step": 1.0, "out_of_memory": False}
+            for s, b in (("plain", 4 * 2**20), ("memory", 2**20))]
+    cli._add_ratios(rows)
+    assert [r["memory_ratio"] for r in rows] == [1.0, 0.25]
+    cli.plot(rows, str(tmp_path / "bars.png"), "bars")
+    _assert_png(tmp_path / "bars.png")
+    assert np.isclose(rows[1]["time_overhead"], 1.0)
