@@ -12,6 +12,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -22,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # exact CPU memory figures
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
@@ -343,8 +345,175 @@ def _zoo_row(case, steps, x, rounds, target):
             "memory_ratio": peaks["memgrad"] / peaks["plain"]}
 
 
+
+def _peer_row(case, variant, seconds, peaks, key, failure=None):
+    if failure is not None:
+        return {"suite": "peers", "case": case, "variant": variant, "failure": failure}
+    return {"suite": "peers", "case": case, "variant": variant, "failure": None,
+            "time_ratio": seconds[key] / seconds["plain"], "ms": seconds[key] * 1e3,
+            "memory_ratio": peaks[key] / peaks["plain"], "peak_mib": peaks[key] / 2**20}
+
+
+def _peer_rows(case, steps, x, rounds, failures=()):
+    seconds = time_side_by_side(steps, x, rounds)
+    peaks = {key: _median_peak(step, x) for key, step in steps.items()}
+    rows = [_peer_row(case, key, seconds, peaks, key) for key in steps]
+    return rows + [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
+
+
+def _try_step(make, x):
+    """``(step, None)`` if ``make()``'s step runs on ``x``, else ``(None, one-line reason)``."""
+    try:
+        step = make()
+        step(x).numpy()
+        return step, None
+    except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
+        from memgrad.cli import one_line
+
+        return None, f"{type(error).__name__}: {one_line(error)[:200]}"
+
+
+def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
+    """memgrad against other tools that trade compute for memory, each in the same run."""
+    rows = []
+    x = tf.random.stateless_normal([batch, width], seed=[0, 5])
+
+    # 1. Residual chain: memgrad vs tf.recompute_grad over the same segments.
+    weights = [tf.Variable(tf.random.stateless_normal([width, width], [5, i]) * 0.05) for i in range(depth)]
+
+    def run_segment(h, ws):
+        for w in ws:
+            h = h + tf.nn.relu(h @ w)
+        return h
+
+    def chain_loss(t, boundaries=None, recompute=False):
+        h = t
+        for start in range(0, depth, segment):
+            ws = weights[start:start + segment]
+            if recompute:
+                h = tf.recompute_grad(lambda v, ws=ws: run_segment(v, ws))(h)
+            else:
+                h = run_segment(h, ws)
+            if boundaries is not None:
+                boundaries.append(h)
+        return tf.reduce_mean(h * h)
+
+    def segments_gradients(t):
+        boundaries = []
+        loss = chain_loss(t, boundaries)
+        return loss, memgrad.gradients(loss, weights, checkpoints=boundaries[:-1])
+
+    def step_of(loss_and_grads):
+        @tf.function
+        def step(t):
+            loss, grads = loss_and_grads(t)
+            for w, g in zip(weights, grads):
+                w.assign_sub(1e-4 * g)
+            return loss
+        return step
+
+    def with_tape(loss_of):
+        def run(t):
+            with tf.GradientTape() as tape:
+                loss = loss_of(t)
+            return loss, tape.gradient(loss, weights)
+        return run
+
+    steps = {
+        "plain": step_of(with_tape(chain_loss)),
+        "memgrad, checkpoints at the segment ends": step_of(segments_gradients),
+        "memgrad, checkpoints='memory'": step_of(lambda t: (lambda loss: (loss, memgrad.gradients(
+            loss, weights, checkpoints="memory")))(chain_loss(t))),
+        "tf.recompute_grad per segment": step_of(with_tape(lambda t: chain_loss(t, recompute=True))),
+    }
+    rows += _peer_rows(f"residual chain of {depth} layers in {depth // segment} segments, batch {batch}x{width}",
+                       steps, x, rounds)
+
+    # 2. A Keras model: memgrad.GradientTape vs keras.RematScope.
+    def keras_chain():
+        inputs = keras.Input((width,))
+        h = inputs
+        for i in range(depth // 2):
+            h = keras.layers.Add()([h, keras.layers.Dense(width, activation="relu", name=f"d{i}",
+                                                          kernel_initializer=keras.initializers.RandomNormal(
+                                                              stddev=0.05, seed=i))(h)])
+        return keras.Model(inputs, h)
+
+    def keras_step(model, tape_factory, training=True):
+        variables = model.trainable_variables
+
+        @tf.function
+        def step(t):
+            with tape_factory() as tape:
+                loss = tf.reduce_mean(tf.square(model(t, training=training)))
+            for v, g in zip(variables, tape.gradient(loss, variables)):
+                v.assign_sub(1e-4 * g)
+            return loss
+        return step
+
+    steps, failures = {}, []
+    plain_model = keras_chain()
+    steps["plain"] = keras_step(plain_model, tf.GradientTape)
+    steps["memgrad.GradientTape(checkpoints='memory')"] = keras_step(
+        plain_model, lambda: memgrad.GradientTape(checkpoints="memory"))
+    for mode in ("full", "activations"):
+        def make(mode=mode):
+            with keras.RematScope(mode=mode):
+                model = keras_chain()
+            return keras_step(model, tf.GradientTape)
+        step, failure = _try_step(make, x)
+        if step is None:
+            failures.append((f"keras.RematScope(mode='{mode}')", failure))
+        else:
+            steps[f"keras.RematScope(mode='{mode}')"] = step
+    rows += _peer_rows(f"Keras functional model, {depth // 2} residual Dense layers, batch {batch}x{width}",
+                       steps, x, rounds, failures)
+
+    # 3. Glow: memgrad's constant-memory level vs tfp.bijectors.Glow, both one level of K=16.
+    rows += _glow_peer_rows(rounds)
+    return rows
+
+
+def _glow_peer_rows(rounds, batch=64, size=16, steps_per_level=16, hidden=32):
+    import tensorflow_probability as tfp
+
+    from models.glow import Glow
+
+    tfb, tfd = tfp.bijectors, tfp.distributions
+    images = tf.random.stateless_uniform([batch, size, size, 3], seed=[0, 2], minval=-0.5, maxval=0.5)
+    glows = {key: Glow((size, size, 3), levels=1, steps=steps_per_level, hidden=hidden, n_bins=256,
+                       reversible=key != "plain") for key in ("plain", "memgrad Glow, reversible")}
+    for glow in glows.values():
+        glow.build()
+    glows["plain"].set_weights(glows["memgrad Glow, reversible"].get_weights())
+    steps = {key: _sgd_step(glow.trainable_variables, lambda t, g=glow: tf.reduce_mean(g(t, training=True)))
+             for key, glow in glows.items()}
+    failures = []
+    try:
+        bijector = tfb.Glow(output_shape=(size, size, 3), num_glow_blocks=1, num_steps_per_block=steps_per_level,
+                            coupling_bijector_fn=lambda shape: tfb.GlowDefaultNetwork(shape, num_hidden=hidden),
+                            exit_bijector_fn=None, seed=0)
+        flow = tfd.TransformedDistribution(tfd.Sample(tfd.Normal(0.0, 1.0), [size * size * 3]), bijector)
+        flow.log_prob(images)  # creates the variables
+        dims = size * size * 3
+        steps["tfp.bijectors.Glow, plain backprop"] = _sgd_step(
+            flow.trainable_variables, lambda t: -tf.reduce_mean(flow.log_prob(t)) / (dims * math.log(2.0)))
+        parameters = {key: sum(int(np.prod(v.shape)) for v in g.trainable_variables) for key, g in glows.items()}
+        parameters["tfp"] = sum(int(np.prod(v.shape)) for v in flow.trainable_variables)
+    except Exception as error:  # noqa: BLE001
+        from memgrad.cli import one_line
+
+        failures.append(("tfp.bijectors.Glow", f"{type(error).__name__}: {one_line(error)[:200]}"))
+        parameters = None
+    case = f"Glow, one level of K={steps_per_level} steps (hidden {hidden}), batch {batch}x{size}x{size}x3"
+    if parameters:
+        case += (f"; parameters: memgrad {parameters['plain']:,}, tfp {parameters['tfp']:,}")
+    return _peer_rows(case, steps, images, rounds, failures)
+
+
 SUITES = {
     "budget": budget_suite,
+    "peers": peers_suite,
     "checkpointing": checkpointing_suite,
     "reversible": reversible_suite,
     "selective": selective_suite,
@@ -363,6 +532,10 @@ def markdown(rows) -> str:
         "| suite | case | time vs plain | target | ms/step memgrad | ms/step plain | peak memory vs plain |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    peers = [row for row in rows if row["suite"] == "peers"]
+    rows = [row for row in rows if row["suite"] != "peers"]
+    if not rows:
+        lines = lines[:2]
     for row in rows:
         target = row.get("target_text")
         if target is None:
@@ -373,6 +546,21 @@ def markdown(rows) -> str:
             f"| {row['suite']} | {row['case']} | {row['time_ratio']:.2f}x | {target} | "
             f"{row['ms_memgrad']:.1f} | {row['ms_plain']:.1f} | {memory} |"
         )
+    if peers:
+        lines += [
+            "",
+            "Peers: other tools that trade compute for memory, each measured in the same run against plain",
+            "backprop of the same network (peak: median of three, above the weights).",
+            "",
+            "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in peers:
+            if row["failure"]:
+                lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
+            else:
+                lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
+                             f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
     return "\n".join(lines)
 
 
