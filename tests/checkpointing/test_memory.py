@@ -23,8 +23,14 @@ def _chain(depth):
 
 
 def _peak(step, x):
-    """Median of three peaks: under load the executor's schedule moves a single peak by ~10 MiB."""
-    return sorted(memgrad.measure(step, (x,), device="CPU:0").peak_bytes for _ in range(3))[1]
+    return memgrad.measure(step, (x,), device="CPU:0").peak_bytes
+
+
+def _median_peak(step, x):
+    """Median of three peaks: where branches run in parallel, the executor's schedule (and the
+    machine's load) moves a single peak by up to ~10 MiB (0.40x measured once vs 0.29x)."""
+    return sorted(memgrad.measure(step, (x,), device="CPU:0", warmup=int(i == 0)).peak_bytes
+                  for i in range(3))[1]
 
 
 def _step(weights, loss_fn, gradients_fn):
@@ -130,6 +136,6 @@ def test_graphs_without_single_separators_still_save(build, limit):
     """Multi-tensor cuts: measured 0.29x (dense blocks) and 0.61x (U-Net skips)."""
     weights, loss_fn, shape = build()
     x = tf.random.stateless_normal(shape, [0, 3])
-    plain = _peak(_step(weights, loss_fn, tf.gradients), x)
-    checkpointed = _peak(_step(weights, loss_fn, memgrad.gradients), x)
+    plain = _median_peak(_step(weights, loss_fn, tf.gradients), x)
+    checkpointed = _median_peak(_step(weights, loss_fn, memgrad.gradients), x)
     assert checkpointed <= limit * plain
