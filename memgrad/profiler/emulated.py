@@ -168,8 +168,8 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
     reached), then bisects between the last fitting and first failing size. Each
     probe is one `run_capped` subprocess. With a ``start`` guess (e.g. extrapolated
     from a measured peak) the search begins there (halving while runs do not fit) and
-    then aims each probe just below the size where a line through the fitting runs'
-    peaks meets the cap: a handful of probes instead of a dozen.
+    then aims each probe at the size where a line through the fitting runs' peaks
+    meets the cap: a handful of probes instead of a dozen.
 
     Args:
       target: ``'module:function'`` taking the batch size as keyword ``batch_arg``.
@@ -258,4 +258,4 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
             good = candidate
         else:
             bad = candidate
-    return BatchSearch(good, _limit_in_mib(limit) * 2**20, tuple(probes))
+    return BatchSearch(good, limit_bytes, tuple(probes))

@@ -70,8 +70,18 @@ def _stat_value(stat, names):
     return getattr(stat, kind) if kind else None
 
 
-def _allocation_events(space, allocator_hint):
-    """(time_ps, kind, stats) of the memory events in an XSpace, sorted by time."""
+def _allocation_events(space, device):
+    """(time_ps, kind, stats) of ``device``'s allocator events in an XSpace, sorted by time.
+
+    On GPU that is the ``GPU_0_bfc`` allocator; on CPU every allocator but the GPU's pinned
+    host memory (``gpu_host_bfc``).
+    """
+    def wanted(allocator):
+        allocator = str(allocator).lower()
+        if device.startswith("GPU"):
+            return f"gpu_{device.split(':')[1]}" in allocator
+        return "gpu_host" not in allocator
+
     events = []
     for plane in space.planes:
         event_names = {key: meta.name for key, meta in plane.event_metadata.items()}
@@ -82,9 +92,8 @@ def _allocation_events(space, allocator_hint):
                 if kind not in ("MemoryAllocation", "MemoryDeallocation"):
                     continue
                 stats = {stat_names.get(s.metadata_id): _stat_value(s, stat_names) for s in event.stats}
-                if allocator_hint and allocator_hint not in str(stats.get("allocator_name", "")).lower():
-                    continue
-                events.append((line.timestamp_ns * 1000 + event.offset_ps, kind, stats))
+                if wanted(stats.get("allocator_name", "")):
+                    events.append((line.timestamp_ns * 1000 + event.offset_ps, kind, stats))
     events.sort(key=lambda item: item[0])
     return events
 
@@ -174,10 +183,7 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
                 space.MergeFromString(handle.read())
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
-    hint = "gpu_0" if device.startswith("GPU") else ""
-    events = _allocation_events(space, hint)
-    if device.startswith("CPU"):
-        events = [e for e in events if "gpu_host" not in str(e[2].get("allocator_name", "")).lower()]
+    events = _allocation_events(space, device)
     if not events:
         raise RuntimeError(
             f"TensorFlow's profiler recorded no allocation on {device} (is another profiler session "

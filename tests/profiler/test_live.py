@@ -58,6 +58,6 @@ def test_bad_k_is_rejected():
 
 
 def test_no_events_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(live, "_allocation_events", lambda space, hint: [])
+    monkeypatch.setattr(live, "_allocation_events", lambda space, device: [])
     with pytest.raises(RuntimeError, match="recorded no allocation"):
         largest_live_tensors(tf.function(lambda x: x * 2.0), args=(tf.ones([4]),), device="CPU:0")
