@@ -35,13 +35,13 @@ from memgrad.profiler.workloads import (  # noqa: E402
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
-def _sgd_step(variables, loss_of):
-    """A compiled SGD step minimising ``loss_of(x)`` over ``variables``."""
+def _sgd_step(variables, loss_of, tape=tf.GradientTape):
+    """A compiled SGD step minimising ``loss_of(x)`` over ``variables`` (gradients from ``tape()``)."""
     @tf.function
     def step(x):
-        with tf.GradientTape() as tape:
+        with tape() as recorder:
             loss = loss_of(x)
-        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+        for variable, grad in zip(variables, recorder.gradient(loss, variables)):
             variable.assign_sub(1e-4 * grad)
         return loss
 
@@ -312,11 +312,24 @@ def _classifier_step(model):
     return _sgd_step(model.trainable_variables, cross_entropy)
 
 
+def _glow_twin_steps(size, steps_per_level, hidden, reversible_key, plain_key):
+    """SGD steps of one Glow level trained through the constant-memory stack and by plain
+    backprop, with the same weights: ``{reversible_key: step, plain_key: step}``."""
+    from models.glow import Glow
+
+    glows = {key: Glow((size, size, 3), levels=1, steps=steps_per_level, hidden=hidden, n_bins=256,
+                       reversible=key == reversible_key) for key in (reversible_key, plain_key)}
+    for glow in glows.values():
+        glow.build()
+    glows[plain_key].set_weights(glows[reversible_key].get_weights())
+    return {key: _sgd_step(glow.trainable_variables, lambda t, g=glow: tf.reduce_mean(g(t, training=True)))
+            for key, glow in glows.items()}, glows
+
+
 def zoo_suite(rounds, batch=16, size=16):
     """The model zoo: memory-efficient DenseNet-BC and constant-memory Glow vs their plain twins."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from models.densenet import densenet_bc
-    from models.glow import Glow
 
     rows = []
     x = tf.random.stateless_normal([batch, size, size, 3], seed=[0, 1])
@@ -325,13 +338,7 @@ def zoo_suite(rounds, batch=16, size=16):
     rows.append(_zoo_row(f"DenseNet-BC-100 k=12, efficient vs plain, batch {batch}x{size}x{size}x3",
                          steps, x, rounds, 1.2))
     images = tf.random.stateless_uniform([64, size, size, 3], seed=[0, 2])
-    glows = {key: Glow((size, size, 3), levels=1, steps=16, hidden=32, n_bins=256, reversible=key == "memgrad")
-             for key in ("memgrad", "plain")}
-    for glow in glows.values():
-        glow.build()
-    glows["plain"].set_weights(glows["memgrad"].get_weights())
-    steps = {key: _sgd_step(glow.trainable_variables, lambda t, g=glow: tf.reduce_mean(g(t, training=True)))
-             for key, glow in glows.items()}
+    steps, _ = _glow_twin_steps(size, 16, 32, "memgrad", "plain")
     rows.append(_zoo_row(f"Glow level (K=16, hidden 32), reversible vs plain, batch 64x{size}x{size}x3",
                          steps, images, rounds, 1.4))
     return rows
@@ -439,17 +446,9 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
                                                               stddev=0.05, seed=i))(h)])
         return keras.Model(inputs, h)
 
-    def keras_step(model, tape_factory, training=True):
-        variables = model.trainable_variables
-
-        @tf.function
-        def step(t):
-            with tape_factory() as tape:
-                loss = tf.reduce_mean(tf.square(model(t, training=training)))
-            for v, g in zip(variables, tape.gradient(loss, variables)):
-                v.assign_sub(1e-4 * g)
-            return loss
-        return step
+    def keras_step(model, tape_factory):
+        return _sgd_step(model.trainable_variables,
+                         lambda t: tf.reduce_mean(tf.square(model(t, training=True))), tape_factory)
 
     steps, failures = {}, []
     plain_model = keras_chain()
@@ -477,17 +476,10 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
 def _glow_peer_rows(rounds, batch=64, size=16, steps_per_level=16, hidden=32):
     import tensorflow_probability as tfp
 
-    from models.glow import Glow
-
     tfb, tfd = tfp.bijectors, tfp.distributions
     images = tf.random.stateless_uniform([batch, size, size, 3], seed=[0, 2], minval=-0.5, maxval=0.5)
-    glows = {key: Glow((size, size, 3), levels=1, steps=steps_per_level, hidden=hidden, n_bins=256,
-                       reversible=key != "plain") for key in ("plain", "memgrad Glow, reversible")}
-    for glow in glows.values():
-        glow.build()
-    glows["plain"].set_weights(glows["memgrad Glow, reversible"].get_weights())
-    steps = {key: _sgd_step(glow.trainable_variables, lambda t, g=glow: tf.reduce_mean(g(t, training=True)))
-             for key, glow in glows.items()}
+    twins, glows = _glow_twin_steps(size, steps_per_level, hidden, "memgrad Glow, reversible", "plain")
+    steps = {"plain": twins["plain"], "memgrad Glow, reversible": twins["memgrad Glow, reversible"]}
     failures = []
     try:
         bijector = tfb.Glow(output_shape=(size, size, 3), num_glow_blocks=1, num_steps_per_block=steps_per_level,
