@@ -181,3 +181,15 @@ def test_the_plot_of_a_single_point_is_a_bar_chart(tmp_path):
     cli.plot(rows, str(tmp_path / "bars.png"), "bars")
     _assert_png(tmp_path / "bars.png")
     assert np.isclose(rows[1]["time_overhead"], 1.0)
+
+
+def test_one_line_picks_the_message_of_a_graph_or_keras_error():
+    graph_error = ValueError("in user code:\n\n    File \"x.py\", line 3, in step  *\n        y = f(x)\n\n"
+                             "    ValueError: shapes (2,) and (3,) are incompatible\n")
+    assert cli.one_line(graph_error) == "ValueError: shapes (2,) and (3,) are incompatible"
+    keras_error = ValueError("Exception encountered when calling Dense.call().\n\n"
+                             "\x1b[1mThe custom_gradient decorator\n supports only eager.\x1b[0m\n\n"
+                             "Arguments received by Dense.call():\n  • inputs=x")
+    assert cli.one_line(keras_error) == "The custom_gradient decorator supports only eager."
+    assert cli.one_line(OSError("first line\nsecond")) == "first line"
+    assert cli.one_line(RuntimeError("")) == "RuntimeError"
