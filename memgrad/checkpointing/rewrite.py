@@ -29,7 +29,7 @@ from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
 from memgrad.graph.memory_model import gradient_function
-from memgrad.graph.view import is_differentiable
+from memgrad.graph.view import is_differentiable, is_function_call
 
 
 class _Rewrite:
@@ -50,9 +50,16 @@ class _Rewrite:
                 self._add(t)
                 self.dead.add(t.ref())
         self._add_atomic_boundaries()
-        self._add_siblings()
+        # An x computed inside the forward pass (an intermediate tensor, with other xs
+        # upstream of it) is kept like a checkpoint: its gradient is collected there and
+        # also passed further back, to the xs upstream. An x nothing upstream depends on
+        # (a graph input, a variable's handle) is a leaf: its gradient goes nowhere else.
         for t in view.x_tensors:
-            self.checkpoints.pop(t.ref(), None)
+            if view.is_forward(t.op) and is_differentiable(t.dtype):
+                self._add(t)
+            else:
+                self.checkpoints.pop(t.ref(), None)
+        self._add_siblings()
         self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
         self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
         self._segment_ops = {}  # checkpoint ref -> ops its recomputation copies
@@ -175,10 +182,18 @@ class _Rewrite:
         return mapping, list(ports.values())
 
     # ------------------------------------------------------------------ gradients
+    def _x_ref(self, t):
+        """The ref of the x that `t` stands for (an x itself or a read of one), or None."""
+        index = self.view.x_index(t)
+        if index is None:
+            index = self.view.variable_index_of_read(t)
+        return None if index is None else self.view.x_tensors[index].ref()
+
     def run(self, grad_ys):
         view = self.view
         kept = collections.defaultdict(list)  # checkpoint ref -> gradient parts
-        x_parts = collections.defaultdict(list)  # x index -> gradient parts
+        # Leaf x ref -> gradient parts; an x kept as a checkpoint collects in `kept`.
+        x_parts = collections.defaultdict(list)
 
         def route(t, grad):
             if grad is None:
@@ -187,11 +202,9 @@ class _Rewrite:
             if ref in self.checkpoints:
                 kept[ref].append(grad)
                 return
-            index = view.x_index(t)
-            if index is None:
-                index = view.variable_index_of_read(t)
-            if index is not None:
-                x_parts[index].append(grad)
+            x_ref = self._x_ref(t)
+            if x_ref is not None:
+                x_parts[x_ref].append(grad)
 
         # The last segment, on the original ops.
         final_ys, final_grads = [], []
@@ -203,18 +216,32 @@ class _Rewrite:
                 final_grads.append(dy)
         kept_list = list(self.checkpoints.values())
         floating = [t for t in kept_list if is_differentiable(t.dtype)]
+        # tf.gradients gives a function-call op it stops at a SymbolicGradient node (which
+        # fails for XLA-compiled functions such as Keras's grouped Conv2D) and adds its
+        # result to the inputs' gradients. So the last segment does not stop at a call's
+        # outputs: the gradient flows through the call's own gradient function to its
+        # inputs, which are kept. Gradients are linear, so parts reaching those outputs
+        # from earlier segments are carried back through the call separately, later.
+        through = {t.ref() for t in floating
+                   if is_function_call(t.op) and t.ref() not in self.dead}
+        stops = [t for t in floating if t.ref() not in through]
+        # Leaf xs, once each (a repeated x gets the same gradient at every position).
+        leaves = {}
+        for x, t in zip(view.xs, view.x_tensors):
+            if t.ref() not in self.checkpoints or t.ref() in through:
+                leaves.setdefault(t.ref(), x)
         if final_ys:
-            sources = floating + view.xs
+            sources = stops + list(leaves.values())
             grads = self.gradients_fn(
-                final_ys, sources, grad_ys=final_grads, stop_gradients=floating,
+                final_ys, sources, grad_ys=final_grads, stop_gradients=stops,
                 **self.kwargs,
             )
             self.segments += 1
-            for t, grad in zip(floating, grads[: len(floating)]):
+            for t, grad in zip(stops, grads[: len(stops)]):
                 route(t, grad)
-            for i, grad in enumerate(grads[len(floating):]):
+            for ref, grad in zip(leaves, grads[len(stops):]):
                 if grad is not None:
-                    x_parts[i].append(grad)
+                    x_parts[ref].append(grad)
 
         previous = []
         for level in reversed(self._levels()):
@@ -250,10 +277,17 @@ class _Rewrite:
                     if grad is not None:
                         previous.append(_dense_parts(grad))
             for op in {t.op: None for t in atomic}:
-                outs = [t for t in atomic if t.op is op]
                 ins = [t for t in op.inputs if self._atomic_source(t)]
                 if not ins:
                     continue
+                if gradient_function(op) is not None:
+                    # The op's own gradient function, called directly: tf.gradients with
+                    # the inputs as sources would stop at (and mishandle) a function call
+                    # that produced one of them.
+                    for t, grad in self._gradient_in_place(op, incoming, self._atomic_source):
+                        route(t, grad)
+                    continue
+                outs = [t for t in atomic if t.op is op]
                 grads = self.gradients_fn(
                     outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
                     stop_gradients=ins, **self.kwargs,
@@ -262,7 +296,12 @@ class _Rewrite:
                 for t, grad in zip(ins, grads):
                     route(t, grad)
 
-        return [aggregate(x_parts[i]) if x_parts.get(i) else None for i in range(len(view.xs))]
+        results = []
+        for t in view.x_tensors:
+            ref = t.ref()
+            parts = (kept.get(ref, []) if ref in self.checkpoints else []) + x_parts.get(ref, [])
+            results.append(aggregate(parts) if parts else None)
+        return results
 
     def _differentiable_in_place(self, op):
         """Can `op`'s gradient be taken on the original op, with nothing recomputed?
@@ -279,8 +318,11 @@ class _Rewrite:
             return False
         return True
 
-    def _gradient_in_place(self, op, incoming):
-        """(input tensor, gradient) pairs of `op`, from its registered gradient function."""
+    def _gradient_in_place(self, op, incoming, wanted=None):
+        """(input tensor, gradient) pairs of `op`, from its registered gradient function.
+
+        Only inputs for which `wanted(t)` holds are returned (default: `_port_target`).
+        """
         out_grads = []
         for out in op.outputs:
             grad = incoming.get(out.ref())
@@ -292,8 +334,8 @@ class _Rewrite:
         if not isinstance(in_grads, (list, tuple)):
             in_grads = [in_grads]
         self.segments += 1
-        return [(t, g) for t, g in zip(op.inputs, in_grads)
-                if g is not None and self._port_target(t)]
+        wanted = wanted or self._port_target
+        return [(t, g) for t, g in zip(op.inputs, in_grads) if g is not None and wanted(t)]
 
     def _atomic_source(self, t):
         if t.dtype == tf.resource:

@@ -32,6 +32,13 @@ def is_differentiable(dtype):
     return dtype.is_floating or dtype.is_complex
 
 
+def is_function_call(op):
+    """True for an op that calls a graph function (a nested `tf.function`)."""
+    return op.type in ("PartitionedCall", "StatefulPartitionedCall") or (
+        op.graph._is_function(op.type)
+    )
+
+
 def _has_function_attr(op):
     for value in op.node_def.attr.values():
         if value.HasField("func") or (value.HasField("list") and len(value.list.func)):
