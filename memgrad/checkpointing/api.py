@@ -1,9 +1,13 @@
 """`memgrad.gradients`, a drop-in for `tf.gradients`, and the monkey patch that installs it."""
 
+import collections
 import functools
+import inspect
+import sys
 import threading
 import warnings
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 
@@ -18,7 +22,19 @@ _patch_lock = threading.Lock()
 # Counters of the latest rewrite (copied ops, segments, seconds in tf.gradients), for
 # benchmarks and tests.
 _last_rewrite = {}
+# One entry per call, newest last (the same counters; `fallback` when plain tf.gradients
+# ran), so tests can check that every call in a traced step really was rewritten.
+rewrite_log = collections.deque(maxlen=256)
+rewrite_count = [0]  # calls recorded since import (the deque keeps only the newest)
 _patched = {}
+
+
+def _record(**counters):
+    counters.setdefault("fallback", False)
+    _last_rewrite.clear()
+    _last_rewrite.update(counters)
+    rewrite_log.append(dict(counters))
+    rewrite_count[0] += 1
 
 
 def _as_list(value):
@@ -36,10 +52,6 @@ def _check_inputs(ys, xs, grad_ys):
             "Received a call in eager mode: wrap the training step in @tf.function, or use "
             "memgrad.GradientTape, which falls back to tf.GradientTape when eager."
         )
-    if not ys:
-        raise ValueError("memgrad.gradients needs at least one y. Received: ys=[]")
-    if not xs:
-        raise ValueError("memgrad.gradients needs at least one x. Received: xs=[]")
     graph = None
     for y in ys:
         if not tf.is_symbolic_tensor(y):
@@ -58,10 +70,42 @@ def _check_inputs(ys, xs, grad_ys):
                 "xs must be graph tensors or variables. Received: "
                 f"{type(x).__name__} {x!r}"
             )
-    if grad_ys is not None and len(grad_ys) != len(ys):
+    if grad_ys is not None:
+        if len(grad_ys) != len(ys):
+            raise ValueError(
+                f"grad_ys must have one entry per y. Received {len(grad_ys)} for {len(ys)} ys."
+            )
+        for i, (y, dy) in enumerate(zip(ys, grad_ys)):
+            _check_grad_y(i, y, dy)
+
+
+def _check_grad_y(i, y, dy):
+    """Checks an incoming gradient against its y here, not deep inside a gradient op."""
+    if dy is None:
+        return
+    if isinstance(dy, tf.IndexedSlices):
+        dy = dy.values
+    shape = getattr(dy, "shape", None)
+    if shape is None:
+        shape = tf.TensorShape(np.shape(dy))
+    if not tf.TensorShape(shape).is_compatible_with(y.shape):
         raise ValueError(
-            f"grad_ys must have one entry per y. Received {len(grad_ys)} for {len(ys)} ys."
+            f"grad_ys[{i}] must have the shape of ys[{i}], {y.shape}. "
+            f"Received: shape {tf.TensorShape(shape)}."
         )
+    dtype = getattr(dy, "dtype", None)
+    if isinstance(dtype, tf.DType) and dtype != y.dtype:
+        raise ValueError(
+            f"grad_ys[{i}] must have the dtype of ys[{i}], {y.dtype.name}. "
+            f"Received: dtype {dtype.name}."
+        )
+
+
+def _unconnected(xs, unconnected):
+    """What tf.gradients returns for xs no y depends on: None, or zeros."""
+    if unconnected == tf.UnconnectedGradients.ZERO:
+        return [tf.zeros_like(x) for x in xs]
+    return [None] * len(xs)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -89,9 +133,16 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     Returns:
       A list with one gradient (a tensor, `tf.IndexedSlices`, or None) per x.
 
+    Like `tf.gradients`, an x no y depends on gets None (or zeros with
+    `unconnected_gradients='zero'`), `xs=[]` gives `[]`, a repeated x gets its gradient at
+    every position, and an x computed inside the forward pass from other xs (an
+    intermediate tensor) gets the gradient reaching it while the xs upstream of it get
+    their whole gradient, including the part that flows through it.
+
     Raises:
       RuntimeError: when called eagerly.
-      ValueError: when no x is connected to any y, or a checkpoint is not a forward tensor.
+      ValueError: when a checkpoint is not a forward tensor, or `grad_ys` do not match ys
+        in number, shape or dtype.
       memgrad.BudgetError: when no plan fits a `Budget`; it states the smallest that does.
 
     Example:
@@ -103,8 +154,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
           optimizer.apply_gradients(zip(grads, model.trainable_variables))
       ```
     """
-    ys = _as_list(ys)
-    xs = _as_list(xs)
+    ys = _as_list(ys) or []
+    xs = _as_list(xs) or []
     grad_ys = _as_list(grad_ys)
     _check_inputs(ys, xs, grad_ys)
     if grad_ys is None:
@@ -112,25 +163,25 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     stop_gradients = _as_list(kwargs.pop("stop_gradients", None)) or []
     unconnected = kwargs.pop("unconnected_gradients", tf.UnconnectedGradients.NONE)
     unconnected = tf.UnconnectedGradients(unconnected)
+    if not xs:
+        return []
+    if not ys:
+        return _unconnected(xs, unconnected)
 
     view = ForwardGraph(ys, xs)
     if not view.ops:
-        raise ValueError(
-            "None of xs is connected to ys: no op on a path from an x to a y. Received "
-            f"ys={[y.name for y in ys]} and {len(xs)} xs."
-        )
+        # No y depends on any x (tf.gradients' answer: None, or zeros, for each x).
+        _record(mode="unconnected", segments=0, copied_ops=0)
+        return _unconnected(xs, unconnected)
     plan = choose(view, checkpoints)
     if not plan.tensors:
-        if plan.mode == "budget":  # plain backprop fits the budget: nothing to keep
-            return _TF_GRADIENTS_V1(
-                ys, xs, grad_ys=grad_ys, name=name, stop_gradients=stop_gradients or None,
-                unconnected_gradients=unconnected, **kwargs,
+        if plan.mode != "budget":  # a budget plain backprop fits needs nothing kept
+            warnings.warn(
+                f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
+                f"in a graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
+                stacklevel=2,
             )
-        warnings.warn(
-            f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping in a "
-            f"graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
-            stacklevel=2,
-        )
+        _record(mode=plan.mode, segments=0, copied_ops=0, fallback=True)
         return _TF_GRADIENTS_V1(
             ys, xs, grad_ys=grad_ys, name=name, stop_gradients=stop_gradients or None,
             unconnected_gradients=unconnected, **kwargs,
@@ -141,8 +192,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         grads, rewrite = rewrite_gradients(
             view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients
         )
-        _last_rewrite.clear()
-        _last_rewrite.update(
+        _record(
             copied_ops=rewrite.copied_ops, segments=rewrite.segments,
             gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
             mode=plan.mode, estimated_bytes=plan.estimated_bytes,
@@ -177,12 +227,54 @@ def checkpoint(tensor):
     return tensor
 
 
-def monkey_patch(checkpoints="memory"):
-    """Replace `tf.gradients` and `tf.compat.v1.gradients` with checkpointed versions.
+def _public_gradient_aliases():
+    """(module, name of TF's function) for every public API module exposing `gradients`.
 
-    Code written for `tf.gradients` then saves memory unchanged. `memgrad.unpatch()`
-    restores TensorFlow's functions. Code that imported the function itself before the
-    patch (`from tensorflow import gradients`) keeps the original.
+    TensorFlow exposes the same two functions under many names: `tf.gradients`,
+    `tf.compat.v2.gradients`, `tf.compat.v1.gradients`, `tf.compat.v1.compat.v1.gradients`,
+    `tensorflow.compat.v2.compat.v1.gradients` (what tf_keras calls), ... Internal modules
+    (`tensorflow.python...`) are left alone: TensorFlow's own code calls them.
+    """
+    for module in (tf.compat.v1, tf.compat.v2):  # load the lazily imported API modules
+        _ = module.compat.v1, module.compat.v2
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "tensorflow" or name.startswith("tensorflow._api.")):
+            continue
+        function = getattr(module, "__dict__", {}).get("gradients")
+        if function is _TF_GRADIENTS_V1 or function is _TF_GRADIENTS_V2:
+            yield name, module, function
+
+
+def _patched_version(original, checkpoints):
+    signature = inspect.signature(original)
+
+    # No functools.wraps: autograph follows `__wrapped__` and would call TensorFlow's own
+    # function instead of this one inside a tf.function.
+    def patched(*args, **kwargs):
+        # Bind against TensorFlow's own signature, so positional arguments past `name`
+        # (which differ between the v1 and v2 functions) keep their meaning.
+        try:
+            arguments = signature.bind(*args, **kwargs).arguments
+        except TypeError as error:
+            raise TypeError(f"{original.__module__}.gradients: {error}") from None
+        return gradients(checkpoints=checkpoints, **arguments)
+
+    patched.__name__ = original.__name__
+    patched.__doc__ = f"memgrad's checkpointed replacement for TensorFlow's {original.__name__}."
+    patched.__memgrad_original__ = original
+    return patched
+
+
+def monkey_patch(checkpoints="memory"):
+    """Replace every public alias of `tf.gradients` with a checkpointed version.
+
+    That covers `tf.gradients`, `tf.compat.v1.gradients` and the other names TensorFlow
+    exposes the same functions under (`tf.compat.v2.gradients`,
+    `tf.compat.v1.compat.v1.gradients`, `tensorflow.compat.v2.compat.v1.gradients`, which
+    tf_keras calls, ...). Code written for `tf.gradients` then saves memory unchanged.
+    `memgrad.unpatch()` restores TensorFlow's functions. Code that imported the function
+    itself before the patch (`from tensorflow import gradients`) keeps the original.
+    Calling it again changes the strategy.
 
     Args:
       checkpoints: the strategy every patched call uses (see `memgrad.gradients`).
@@ -197,26 +289,24 @@ def monkey_patch(checkpoints="memory"):
       memgrad.unpatch()
       ```
     """
-    # One function serves both names: the v1 keywords (colocate_gradients_with_ops, ...)
-    # pass through **kwargs to tf.gradients.
-    def patched(ys, xs, grad_ys=None, name="gradients", **kwargs):
-        return gradients(ys, xs, grad_ys=grad_ys, checkpoints=checkpoints, name=name, **kwargs)
-
     with _patch_lock:
         if not _patched:
-            _patched["v2"] = tf.gradients
-            _patched["v1"] = tf.compat.v1.gradients
-        tf.gradients = patched
-        tf.compat.v1.gradients = patched
+            for name, module, original in _public_gradient_aliases():
+                _patched[name] = (module, original)
+        versions = {}
+        for module, original in _patched.values():
+            if original not in versions:
+                versions[original] = _patched_version(original, checkpoints)
+            module.gradients = versions[original]
 
 
 def unpatch():
-    """Restore TensorFlow's `tf.gradients` and `tf.compat.v1.gradients`.
+    """Restore TensorFlow's `tf.gradients` and every alias `monkey_patch` replaced.
 
     Returns:
       None.
     """
     with _patch_lock:
-        if _patched:
-            tf.gradients = _patched.pop("v2")
-            tf.compat.v1.gradients = _patched.pop("v1")
+        for module, original in _patched.values():
+            module.gradients = original
+        _patched.clear()

@@ -9,6 +9,16 @@ from memgrad.checkpointing.api import gradients
 _warned_eager = []
 
 
+def _variable_of(source):
+    """The `tf.Variable` a source stands for (itself, or a Keras 3 variable's), or None."""
+    if isinstance(source, tf.Variable):
+        return source
+    if isinstance(source, tf.Tensor):  # tensors first: `.value` means something else there
+        return None
+    value = getattr(source, "value", None)  # a Keras 3 variable wraps a tf.Variable
+    return value if isinstance(value, tf.Variable) else None
+
+
 class GradientTape(tf.GradientTape):
     """A `tf.GradientTape` whose `gradient` recomputes activations instead of keeping them.
 
@@ -18,7 +28,9 @@ class GradientTape(tf.GradientTape):
     `tf.GradientTape` (and warns once).
 
     Inside a graph, tensor sources are differentiated like `tf.gradients` does, whether or
-    not the tape watched them; variables behave as with `tf.GradientTape`.
+    not the tape watched them; variables behave as with `tf.GradientTape`: one the tape did
+    not watch (with `watch_accessed_variables=False`, one not passed to `watch`) gets None.
+    A non-persistent tape computes one set of gradients; a second `gradient` call raises.
 
     Args:
       persistent: as for `tf.GradientTape`.
@@ -68,6 +80,12 @@ class GradientTape(tf.GradientTape):
                 target, sources, output_gradients=output_gradients,
                 unconnected_gradients=unconnected_gradients,
             )
+        if self._tape is None:
+            # tf.GradientTape's own rule and message.
+            raise RuntimeError(
+                "A non-persistent GradientTape can only be used to compute one set of "
+                "gradients (or jacobians)"
+            )
         if self._recording and not self._persistent:
             self._pop_tape()
         flat_targets = tf.nest.flatten(target)
@@ -75,8 +93,21 @@ class GradientTape(tf.GradientTape):
         grad_ys = None
         if output_gradients is not None:
             grad_ys = tf.nest.flatten(output_gradients)
-        grads = gradients(
-            flat_targets, flat_sources, grad_ys=grad_ys, checkpoints=self.checkpoints,
+        # Like tf.GradientTape, a variable the tape did not watch gets no gradient (with
+        # watch_accessed_variables=False, only variables passed to `watch` are watched).
+        watched = {v.ref() for v in self.watched_variables()}
+        unwatched = [_variable_of(s) is not None and _variable_of(s).ref() not in watched
+                     for s in flat_sources]
+        wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
+        if not self._persistent:
+            self._tape = None
+        grads = iter(gradients(
+            flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
             unconnected_gradients=unconnected_gradients,
-        )
-        return tf.nest.pack_sequence_as(sources, grads)
+        ) if wanted else [])
+        zero = tf.UnconnectedGradients(unconnected_gradients) == tf.UnconnectedGradients.ZERO
+        results = [
+            (tf.zeros_like(s) if zero else None) if skip else next(grads)
+            for s, skip in zip(flat_sources, unwatched)
+        ]
+        return tf.nest.pack_sequence_as(sources, results)

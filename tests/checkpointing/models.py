@@ -149,3 +149,40 @@ def max_relative_error(reference, other):
         scale = max(float(np.abs(a).max()), 1e-2 * overall, 1e-30)
         worst = max(worst, float(np.abs(a - b).max()) / scale)
     return worst
+
+
+class rewritten:
+    """Asserts that every `memgrad.gradients` call made inside the block was rewritten.
+
+    A call that fell back to plain `tf.gradients` gives tf.gradients' results, so a
+    gradient-equality test would pass on it without testing the rewrite. Used as a context
+    manager around the first (tracing) call of a step:
+
+        with rewritten(calls=2):
+            reference, checkpointed = step(x, y)
+    """
+
+    def __init__(self, calls=1, min_segments=2):
+        self.calls = calls
+        self.min_segments = min_segments
+
+    def __enter__(self):
+        from memgrad.checkpointing import api
+
+        self._api = api
+        self._start = api.rewrite_count[0]
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is not None:
+            return False
+        new = self._api.rewrite_count[0] - self._start
+        entries = list(self._api.rewrite_log)[-new:] if new else []
+        assert len(entries) >= self.calls, (
+            f"expected {self.calls} memgrad.gradients calls, saw {len(entries)} "
+            "(was the step already traced?)")
+        for entry in entries:
+            assert not entry["fallback"], f"fell back to plain tf.gradients: {entry}"
+            assert entry["segments"] >= self.min_segments, f"no real rewrite: {entry}"
+        self.entries = entries
+        return False

@@ -146,15 +146,18 @@ def test_eager_call_is_a_clear_error():
         memgrad.gradients(x * 2, x)
 
 
-def test_unconnected_xs_is_a_clear_error():
+def test_no_x_connected_gives_none_or_zeros_like_tf_gradients():
     v = tf.Variable(1.0)
 
     @tf.function
     def step(x):
-        return memgrad.gradients(tf.reduce_sum(x * 2.0), [v])
+        loss = tf.reduce_sum(x * 2.0)
+        return (memgrad.gradients(loss, [v]),
+                memgrad.gradients(loss, [v], unconnected_gradients="zero"))
 
-    with pytest.raises(ValueError, match="None of xs is connected to ys"):
-        step(tf.ones([2]))
+    none, zero = step(tf.ones([2]))
+    assert none == [None]
+    assert float(zero[0]) == 0.0
 
 
 def test_checkpoint_outside_the_forward_pass_is_a_clear_error():

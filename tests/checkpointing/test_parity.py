@@ -1,0 +1,237 @@
+"""memgrad.gradients and memgrad.GradientTape answer exactly what tf.gradients / tf.GradientTape do.
+
+Each test here failed on an earlier memgrad: intermediate tensors among xs, function-call ops
+(Keras's grouped Conv2D), repeated xs, unconnected or empty xs, malformed grad_ys, every
+public alias of tf.gradients, and the tape's watching rules.
+"""
+
+import keras
+import pytest
+import tensorflow as tf
+
+import memgrad
+from tests.checkpointing.models import max_relative_error, rewritten
+
+STRATEGIES = ["memory", "speed", memgrad.Budget(0.7)]
+
+
+def _residual_weights(depth=12, width=16, seed=0):
+    return [tf.Variable(tf.random.stateless_normal([width, width], [seed, i]) * 0.3)
+            for i in range(depth)]
+
+
+def _residual_forward(x, weights, shared=None):
+    """h = h + tanh(h @ W) per layer; `shared` (if given) is used in every layer too."""
+    h, hs = x, []
+    for w in weights:
+        pre = h @ w if shared is None else h @ w + h @ shared
+        h = h + tf.tanh(pre)
+        hs.append(h)
+    return tf.reduce_sum(h * h), hs
+
+
+@pytest.mark.parametrize("checkpoints", STRATEGIES, ids=["memory", "speed", "budget"])
+def test_intermediate_x_passes_its_gradient_upstream(checkpoints):
+    weights = _residual_weights()
+    shared = tf.Variable(tf.random.stateless_normal([16, 16], [9, 9]) * 0.1)
+    x = tf.random.stateless_normal([64, 16], [1, 2])
+
+    @tf.function
+    def step(x):
+        loss, hs = _residual_forward(x, weights, shared)
+        # An intermediate tensor among xs, with variables on both sides of it, and a
+        # variable (`shared`) used on both sides.
+        xs = weights + [hs[3], shared, hs[8]]
+        return tf.gradients(loss, xs), memgrad.gradients(loss, xs, checkpoints=checkpoints)
+
+    with rewritten():
+        reference, checkpointed = step(x)
+    assert all(g is not None for g in checkpointed)
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_intermediate_x_through_gradient_tape():
+    weights = _residual_weights()
+    x = tf.random.stateless_normal([4, 16], [3, 4])
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as plain:
+            loss, hs = _residual_forward(x, weights)
+        reference = plain.gradient(loss, [hs[5]] + weights)
+        with memgrad.GradientTape() as tape:
+            loss, hs = _residual_forward(x, weights)
+        return reference, tape.gradient(loss, [hs[5]] + weights)
+
+    with rewritten():
+        reference, checkpointed = step(x)
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_repeated_x_gets_its_gradient_at_every_position():
+    weights = _residual_weights(depth=8)
+
+    @tf.function
+    def step(x):
+        loss, _ = _residual_forward(x, weights)
+        xs = [weights[2], weights[0], weights[2]]
+        return tf.gradients(loss, xs), memgrad.gradients(loss, xs, checkpoints="speed")
+
+    with rewritten():
+        reference, checkpointed = step(tf.random.stateless_normal([4, 16], [5, 6]))
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def _grouped_conv_model():
+    """Residual blocks around a grouped Conv2D, which Keras runs as a nested XLA function."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 8))
+    h = inputs
+    for _ in range(3):
+        r = keras.layers.Conv2D(8, 3, groups=4, padding="same")(h)
+        r = keras.layers.LayerNormalization()(r)
+        r = keras.layers.Dense(16, activation="gelu")(r)
+        h = keras.layers.Add(name=None)([h, keras.layers.Dense(8)(r)])
+    outputs = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
+    return keras.Model(inputs, outputs)
+
+
+def test_function_call_op_in_the_last_segment():
+    model = _grouped_conv_model()
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_sum(model(x) ** 2)
+        graph = loss.graph
+        adds = [op.outputs[0] for op in graph.get_operations() if op.type == "AddV2"
+                and "/add" in op.name]
+        # Keep only the first block's output: the later grouped convolutions (function
+        # calls) then fall in the last segment, which tf.gradients once differentiated
+        # with a SymbolicGradient node that cannot run.
+        return (tf.gradients(loss, variables),
+                memgrad.gradients(loss, variables, checkpoints=adds[:1]),
+                memgrad.gradients(loss, variables, checkpoints="memory"))
+
+    with rewritten(calls=2):
+        reference, listed, automatic = step(tf.random.stateless_normal([2, 8, 8, 8], [7, 8]))
+    assert max_relative_error(reference, listed) <= 1e-5
+    assert max_relative_error(reference, automatic) <= 1e-5
+
+
+# ---------------------------------------------------------------------- drop-in contract
+def test_empty_xs_and_ys_like_tf_gradients():
+    v = tf.Variable(tf.ones([2, 2]))
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_sum(x @ v)
+        return memgrad.gradients(loss, []), memgrad.gradients([], [v])
+
+    no_xs, no_ys = step(tf.ones([2, 2]))
+    assert no_xs == [] and no_ys == [None]
+
+
+def test_grad_ys_of_the_wrong_shape_or_dtype_is_a_clear_error():
+    v = tf.Variable(tf.ones([3, 3]))
+
+    def step(dy):
+        return tf.function(lambda x: memgrad.gradients(x @ v, [v], grad_ys=[dy]))(
+            tf.ones([4, 3]))
+
+    with pytest.raises(ValueError, match=r"grad_ys\[0\] must have the shape .*Received: shape"):
+        step(tf.ones([5]))
+    with pytest.raises(ValueError, match=r"grad_ys\[0\] must have the dtype .*Received: dtype"):
+        step(tf.ones([4, 3], tf.float64))
+
+
+ALIASES = [
+    "tf.gradients",
+    "tf.compat.v1.gradients",
+    "tf.compat.v2.gradients",
+    "tf.compat.v1.compat.v1.gradients",
+    "tf.compat.v1.compat.v2.gradients",
+    "tf.compat.v2.compat.v1.gradients",
+    "tf.compat.v2.compat.v2.gradients",
+]
+
+
+def _resolve(path):
+    value = tf
+    for part in path.split(".")[1:]:
+        value = getattr(value, part)
+    return value
+
+
+def test_monkey_patch_reaches_every_public_alias_and_unpatch_restores_them():
+    originals = {path: _resolve(path) for path in ALIASES}
+    weights = _residual_weights(depth=8)
+    x = tf.random.stateless_normal([4, 16], [1, 1])
+    reference = tf.function(lambda x: tf.gradients(_residual_forward(x, weights)[0], weights))(x)
+    memgrad.monkey_patch(checkpoints="memory")
+    try:
+        for path in ALIASES:
+            patched = _resolve(path)
+            assert patched is not originals[path], path
+
+            @tf.function
+            def step(x, patched=patched):
+                # The v1 functions take colocate_gradients_with_ops as the fifth positional
+                # argument, the v2 ones gate_gradients: both must keep their meaning.
+                return patched(_residual_forward(x, weights)[0], weights, None, "g")
+
+            with rewritten():
+                result = step(x)
+            assert max_relative_error(reference, result) <= 1e-5, path
+    finally:
+        memgrad.unpatch()
+    for path in ALIASES:
+        assert _resolve(path) is originals[path], path
+
+
+def test_monkey_patched_unconnected_x_returns_none():
+    v, unused = tf.Variable(tf.ones([4, 4])), tf.Variable(1.0)
+    memgrad.monkey_patch()
+    try:
+        grads = tf.function(lambda x: tf.gradients(tf.reduce_sum(tf.tanh(x @ v)), [unused]))(
+            tf.ones([2, 4]))
+    finally:
+        memgrad.unpatch()
+    assert grads == [None]
+
+
+def test_tape_without_watching_accessed_variables_differentiates_only_watched_ones():
+    w, u = tf.Variable(tf.ones([3, 3]) * 0.5), tf.Variable(2.0)
+
+    @tf.function
+    def step(x):
+        results = []
+        for tape_class in (tf.GradientTape, memgrad.GradientTape):
+            with tape_class(watch_accessed_variables=False) as tape:
+                tape.watch(u)
+                h = x
+                for _ in range(4):
+                    h = tf.tanh(h @ w)
+                loss = tf.reduce_sum(h) * u
+            results.append(tape.gradient(loss, [w, u]))
+        return results
+
+    (plain_w, plain_u), (ours_w, ours_u) = step(tf.ones([2, 3]))
+    assert plain_w is None and ours_w is None
+    assert abs(float(plain_u) - float(ours_u)) <= 1e-6 * abs(float(plain_u))
+
+
+def test_non_persistent_tape_computes_one_set_of_gradients():
+    w = tf.Variable(tf.ones([3, 3]) * 0.5)
+
+    @tf.function
+    def step(x, persistent):
+        with memgrad.GradientTape(persistent=persistent) as tape:
+            loss = tf.reduce_sum(tf.tanh(x @ w))
+        first = tape.gradient(loss, [w])
+        return first, tape.gradient(loss, [w])
+
+    first, second = step(tf.ones([2, 3]), True)
+    assert float(tf.reduce_max(tf.abs(first[0] - second[0]))) == 0.0
+    with pytest.raises(RuntimeError, match="non-persistent GradientTape can only be used"):
+        step(tf.ones([2, 3]), False)
