@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 
@@ -96,7 +97,8 @@ class ReversibleSequence(keras.layers.Layer):
       return_logdet: also return the summed log-determinant per example.
       check_reconstruction: keep the stack's input (costing its memory) and, in
         the backward pass, measure how far the rebuilt input drifted from it;
-        warn when the relative drift exceeds ``reconstruction_tolerance``.
+        warn when the relative drift exceeds ``reconstruction_tolerance`` or is
+        NaN or infinite (eagerly a ``UserWarning``, in a graph a message on stderr).
       reconstruction_tolerance: the relative drift that triggers the warning.
       plain_backprop: run the same blocks with ordinary autodiff instead (every
         block's activations kept), to compare memory and time with the same weights.
@@ -224,24 +226,39 @@ class ReversibleSequence(keras.layers.Layer):
         return reversible_stack(x)
 
     def _report_drift(self, rebuilt, original, gradient):
-        drift = tf.reduce_max(tf.abs(tf.cast(rebuilt - original, tf.float32))) / (
-            tf.reduce_max(tf.abs(tf.cast(original, tf.float32))) + 1e-12
-        )
-        message = (
+        error = tf.abs(tf.cast(rebuilt - original, tf.float32))
+        drift = tf.reduce_max(error) / (tf.reduce_max(tf.abs(tf.cast(original, tf.float32))) + 1e-12)
+        # Not every reduce_max kernel propagates NaN (tensorflow/tensorflow#13046): make sure a
+        # NaN element shows in the measured drift.
+        drift = tf.where(tf.reduce_any(tf.math.is_nan(error)), float("nan"), drift)
+        too_far = (
             f"memgrad: {layer_name(self)} rebuilt its input with a relative error above "
             f"{self.reconstruction_tolerance:g}; gradients may be inaccurate (use fewer blocks, "
             "float64, additive coupling, or a bounded scale)."
         )
+        not_finite = (
+            f"memgrad: {layer_name(self)} rebuilt its input with a NaN or infinite error (an "
+            "inverse overflowed, or the input itself holds NaN or inf); gradients are unusable "
+            "(use float64, a bounded scale such as AffineCoupling(scale='sigmoid'), or a smaller "
+            "learning rate)."
+        )
         if tf.executing_eagerly():
             self.last_reconstruction_error = float(drift)
-            if self.last_reconstruction_error > self.reconstruction_tolerance:
-                warnings.warn(f"{message} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
+            # NaN compares False with any tolerance, so it is tested for on its own.
+            if not math.isfinite(self.last_reconstruction_error):
+                warnings.warn(f"{not_finite} Measured: {self.last_reconstruction_error}", stacklevel=2)
+            elif self.last_reconstruction_error > self.reconstruction_tolerance:
+                warnings.warn(f"{too_far} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
             return gradient
+        finite = tf.math.is_finite(drift)
+
         def warn():
+            message = tf.where(finite, too_far, not_finite)
             with tf.control_dependencies([tf.print(message, "Measured:", drift, output_stream=sys.stderr)]):
                 return tf.constant(True)
 
-        printed = tf.cond(drift > self.reconstruction_tolerance, warn, lambda: tf.constant(False))
+        exceeded = tf.logical_or(tf.logical_not(finite), drift > self.reconstruction_tolerance)
+        printed = tf.cond(exceeded, warn, lambda: tf.constant(False))
         with tf.control_dependencies([printed]):
             return tf.identity(gradient)
 
