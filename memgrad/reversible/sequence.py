@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # stop_recording: what tf.recompute_grad uses too
 
 from memgrad.reversible.base import ReversibleBlock, add_gradients, layer_name
+from memgrad.reversible.replay import check_replayable
 
 
 def _gated(tensor, prerequisites):
@@ -89,6 +90,8 @@ class ReversibleSequence(keras.layers.Layer):
     (the couplings fuse both in one evaluation of their networks). Recomputation
     sees the same random seeds and normalisation statistics as the forward pass
     (dropout masks match) and never updates BatchNormalization statistics again.
+    Randomness it cannot replay (stateful TF random ops, ``tf.random.Generator``,
+    unseeded ``keras.random`` ops) is refused the first time a gradient could be taken.
 
     Args:
       blocks: a list of `ReversibleBlock` (e.g. `AdditiveCoupling`,
@@ -106,6 +109,17 @@ class ReversibleSequence(keras.layers.Layer):
 
     Returns (when called):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
+
+    Raises (when called):
+      ValueError: on the first call per training mode under a ``GradientTape``
+        (eager or traced), if a block's forward pass draws random numbers the
+        backward recomputation would draw differently: a stateful random op
+        (``tf.random.uniform``, ``tf.nn.dropout``, ``tf.random.Generator``, ...,
+        even with an op-level seed) or a Keras seed generator the block does not
+        own (``keras.random.*`` without a seed). Use stateless seeded ops, or a
+        ``keras.random.SeedGenerator`` kept as an attribute of the block's layers
+        (``keras.layers.Dropout`` has one), whose state is replayed. The check
+        traces each block once, about 20-40 ms per block on a CPU.
 
     Example:
       >>> half = 32
@@ -133,6 +147,7 @@ class ReversibleSequence(keras.layers.Layer):
         self.reconstruction_tolerance = float(reconstruction_tolerance)
         self.plain_backprop = bool(plain_backprop)
         self.last_reconstruction_error = None
+        self._replay_checked = set()  # training modes whose blocks check_replayable has passed
 
     def build(self, input_shape):
         shape = tuple(input_shape)
@@ -188,6 +203,11 @@ class ReversibleSequence(keras.layers.Layer):
     def _run(self, x, training):
         blocks = self.blocks
         sequence = self
+        # check_replayable traces every block, so it runs once per training mode (Dropout draws
+        # only in training), and only when a tape could ask for the gradient: randomness the
+        # recomputation cannot replay breaks the gradient, not the forward pass.
+        mode = "tensor" if tf.is_tensor(training) else (None if training is None else bool(training))
+        block_inputs = [] if mode not in self._replay_checked and record.could_possibly_record() else None
 
         @tf.custom_gradient
         def reversible_stack(stack_input):
@@ -195,6 +215,8 @@ class ReversibleSequence(keras.layers.Layer):
                 replay_states, h = [], stack_input
                 logdet = tf.zeros(tf.shape(stack_input)[:1], dtype=stack_input.dtype)
                 for block in blocks:
+                    if block_inputs is not None:
+                        block_inputs.append(tf.TensorSpec(h.shape, h.dtype))
                     replay_states.append([(v, tf.identity(v.value)) for v in block.replayed_state()])
                     h, block_logdet = block.forward(h, training=training)
                     logdet = logdet + tf.cast(block_logdet, logdet.dtype)
@@ -223,7 +245,12 @@ class ReversibleSequence(keras.layers.Layer):
 
             return (output, logdet), grad_fn
 
-        return reversible_stack(x)
+        outputs = reversible_stack(x)
+        if block_inputs is not None:
+            for index, spec in enumerate(block_inputs):
+                check_replayable(self, index, spec, training)
+            self._replay_checked.add(mode)
+        return outputs
 
     def _report_drift(self, rebuilt, original, gradient):
         error = tf.abs(tf.cast(rebuilt - original, tf.float32))
