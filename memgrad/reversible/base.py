@@ -40,6 +40,8 @@ class ReversibleBlock(keras.layers.Layer):
     default `backward` is Algorithm 1 of Li & Grathwohl (2019): rebuild the input
     with `inverse`, run `forward` again under a tape, and differentiate it. A
     block with a cheaper fused backward (the couplings) overrides `backward`.
+    Recomputation must reproduce `forward`: given its input, weights and
+    `replayed_state`, a block's forward pass must be deterministic.
 
     Example:
       >>> class Scale(ReversibleBlock):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 
@@ -10,6 +11,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # stop_recording: what tf.recompute_grad uses too
 
 from memgrad.reversible.base import ReversibleBlock, add_gradients, layer_name
+from memgrad.reversible.replay import check_replayable
 
 
 def _gated(tensor, prerequisites):
@@ -88,6 +90,8 @@ class ReversibleSequence(keras.layers.Layer):
     (the couplings fuse both in one evaluation of their networks). Recomputation
     sees the same random seeds and normalisation statistics as the forward pass
     (dropout masks match) and never updates BatchNormalization statistics again.
+    Randomness it cannot replay (stateful TF random ops, ``tf.random.Generator``,
+    unseeded ``keras.random`` ops) is refused the first time a gradient could be taken.
 
     Args:
       blocks: a list of `ReversibleBlock` (e.g. `AdditiveCoupling`,
@@ -96,7 +100,8 @@ class ReversibleSequence(keras.layers.Layer):
       return_logdet: also return the summed log-determinant per example.
       check_reconstruction: keep the stack's input (costing its memory) and, in
         the backward pass, measure how far the rebuilt input drifted from it;
-        warn when the relative drift exceeds ``reconstruction_tolerance``.
+        warn when the relative drift exceeds ``reconstruction_tolerance`` or is
+        NaN or infinite (eagerly a ``UserWarning``, in a graph a message on stderr).
       reconstruction_tolerance: the relative drift that triggers the warning.
       plain_backprop: run the same blocks with ordinary autodiff instead (every
         block's activations kept), to compare memory and time with the same weights.
@@ -104,6 +109,17 @@ class ReversibleSequence(keras.layers.Layer):
 
     Returns (when called):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
+
+    Raises (when called):
+      ValueError: on the first call per training mode under a ``GradientTape``
+        (eager or traced), if a block's forward pass draws random numbers the
+        backward recomputation would draw differently: a stateful random op
+        (``tf.random.uniform``, ``tf.nn.dropout``, ``tf.random.Generator``, ...,
+        even with an op-level seed) or a Keras seed generator the block does not
+        own (``keras.random.*`` without a seed). Use stateless seeded ops, or a
+        ``keras.random.SeedGenerator`` kept as an attribute of the block's layers
+        (``keras.layers.Dropout`` has one), whose state is replayed. The check
+        traces each block once, about 20-40 ms per block on a CPU.
 
     Example:
       >>> half = 32
@@ -131,6 +147,7 @@ class ReversibleSequence(keras.layers.Layer):
         self.reconstruction_tolerance = float(reconstruction_tolerance)
         self.plain_backprop = bool(plain_backprop)
         self.last_reconstruction_error = None
+        self._replay_checked = set()  # training modes whose blocks check_replayable has passed
 
     def build(self, input_shape):
         shape = tuple(input_shape)
@@ -186,6 +203,11 @@ class ReversibleSequence(keras.layers.Layer):
     def _run(self, x, training):
         blocks = self.blocks
         sequence = self
+        # check_replayable traces every block, so it runs once per training mode (Dropout draws
+        # only in training), and only when a tape could ask for the gradient: randomness the
+        # recomputation cannot replay breaks the gradient, not the forward pass.
+        mode = "tensor" if tf.is_tensor(training) else (None if training is None else bool(training))
+        block_inputs = [] if mode not in self._replay_checked and record.could_possibly_record() else None
 
         @tf.custom_gradient
         def reversible_stack(stack_input):
@@ -193,6 +215,8 @@ class ReversibleSequence(keras.layers.Layer):
                 replay_states, h = [], stack_input
                 logdet = tf.zeros(tf.shape(stack_input)[:1], dtype=stack_input.dtype)
                 for block in blocks:
+                    if block_inputs is not None:
+                        block_inputs.append(tf.TensorSpec(h.shape, h.dtype))
                     replay_states.append([(v, tf.identity(v.value)) for v in block.replayed_state()])
                     h, block_logdet = block.forward(h, training=training)
                     logdet = logdet + tf.cast(block_logdet, logdet.dtype)
@@ -221,27 +245,47 @@ class ReversibleSequence(keras.layers.Layer):
 
             return (output, logdet), grad_fn
 
-        return reversible_stack(x)
+        outputs = reversible_stack(x)
+        if block_inputs is not None:
+            for index, spec in enumerate(block_inputs):
+                check_replayable(self, index, spec, training)
+            self._replay_checked.add(mode)
+        return outputs
 
     def _report_drift(self, rebuilt, original, gradient):
-        drift = tf.reduce_max(tf.abs(tf.cast(rebuilt - original, tf.float32))) / (
-            tf.reduce_max(tf.abs(tf.cast(original, tf.float32))) + 1e-12
-        )
-        message = (
+        error = tf.abs(tf.cast(rebuilt - original, tf.float32))
+        drift = tf.reduce_max(error) / (tf.reduce_max(tf.abs(tf.cast(original, tf.float32))) + 1e-12)
+        # Not every reduce_max kernel propagates NaN (tensorflow/tensorflow#13046): make sure a
+        # NaN element shows in the measured drift.
+        drift = tf.where(tf.reduce_any(tf.math.is_nan(error)), float("nan"), drift)
+        too_far = (
             f"memgrad: {layer_name(self)} rebuilt its input with a relative error above "
             f"{self.reconstruction_tolerance:g}; gradients may be inaccurate (use fewer blocks, "
             "float64, additive coupling, or a bounded scale)."
         )
+        not_finite = (
+            f"memgrad: {layer_name(self)} rebuilt its input with a NaN or infinite error (an "
+            "inverse overflowed, or the input itself holds NaN or inf); gradients are unusable "
+            "(use float64, a bounded scale such as AffineCoupling(scale='sigmoid'), or a smaller "
+            "learning rate)."
+        )
         if tf.executing_eagerly():
             self.last_reconstruction_error = float(drift)
-            if self.last_reconstruction_error > self.reconstruction_tolerance:
-                warnings.warn(f"{message} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
+            # NaN compares False with any tolerance, so it is tested for on its own.
+            if not math.isfinite(self.last_reconstruction_error):
+                warnings.warn(f"{not_finite} Measured: {self.last_reconstruction_error}", stacklevel=2)
+            elif self.last_reconstruction_error > self.reconstruction_tolerance:
+                warnings.warn(f"{too_far} Measured: {self.last_reconstruction_error:.3g}", stacklevel=2)
             return gradient
+        finite = tf.math.is_finite(drift)
+
         def warn():
+            message = tf.where(finite, too_far, not_finite)
             with tf.control_dependencies([tf.print(message, "Measured:", drift, output_stream=sys.stderr)]):
                 return tf.constant(True)
 
-        printed = tf.cond(drift > self.reconstruction_tolerance, warn, lambda: tf.constant(False))
+        exceeded = tf.logical_or(tf.logical_not(finite), drift > self.reconstruction_tolerance)
+        printed = tf.cond(exceeded, warn, lambda: tf.constant(False))
         with tf.control_dependencies([printed]):
             return tf.identity(gradient)
 

@@ -97,3 +97,24 @@ def test_reconstruction_check_in_a_graph_prints(capfd):
     gradient = tf.function(_drift_step)(strict, x)
     assert np.all(np.isfinite(gradient))
     assert "rebuilt its input with a relative error above" in capfd.readouterr().err
+
+
+def _overflowing_stack():
+    """An affine coupling whose scale exp(200) overflows float32: the rebuilt input is inf * 0 = NaN."""
+    log_scale = keras.layers.Dense(4, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant(200.0))
+    return ReversibleSequence([AffineCoupling(log_scale, dense(4, 2, None))], return_logdet=True,
+                              check_reconstruction=True)
+
+
+def test_reconstruction_check_warns_on_nan_drift():
+    # A NaN error compares False with any tolerance, so it used to pass silently.
+    stack = _overflowing_stack()
+    with pytest.warns(UserWarning, match=r"rebuilt its input with a NaN or infinite error.*Measured: nan"):
+        _drift_step(stack, tf.random.stateless_normal([4, 8], seed=[5, 6]))
+    assert np.isnan(stack.last_reconstruction_error)
+
+
+def test_reconstruction_check_in_a_graph_prints_nan_drift(capfd):
+    stack = _overflowing_stack()
+    tf.function(_drift_step)(stack, tf.random.stateless_normal([4, 8], seed=[5, 6]))
+    assert "rebuilt its input with a NaN or infinite error" in capfd.readouterr().err
