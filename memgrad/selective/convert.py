@@ -76,8 +76,10 @@ def convert(model, return_report=False):
     ``ReLU``, ``MaxPooling2D`` and ``Dropout`` layers are
     replaced by memgrad's drop-in versions (same config, same weights), which keep
     for backprop only what the requested gradients need: a frozen layer's input
-    is not kept, a ReLU keeps a 1-byte mask. Outputs are unchanged. Works for
-    Sequential and functional models, nested ones included; the original model
+    is not kept (so, in eager mode, its weight gradients are available only if a
+    tape watches them before the forward pass), a ReLU keeps a 1-byte mask.
+    Outputs are unchanged. Works for Sequential and functional models, nested
+    ones included; the original model
     is not modified. A Sequential model comes back as a `LeanSequential`, whose
     eager forward pass releases each layer's output as soon as it can (Keras's
     functional runner keeps them all until the call returns).
