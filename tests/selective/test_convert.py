@@ -162,3 +162,28 @@ def test_frozen_weight_gradients_unwatched_match_keras_in_tf_function():
     for got, want in zip(grads(converted), grads(model), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
+
+
+def _with_lambdas(kind):
+    scale = 0.5  # a closure, as Lambda functions usually have
+
+    if kind == "sequential":
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
+                                 keras.layers.Lambda(lambda t: t * scale, name="halve"), keras.layers.Dense(2)])
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(4, activation="relu")(inputs)
+    h = keras.layers.Lambda(lambda t: tf.nn.softplus(t) * scale, name="halve")(h)
+    return keras.Model(inputs, keras.layers.Dense(2)(h))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "functional"])
+def test_lambda_layers_are_kept_and_reported(kind):
+    model = _with_lambdas(kind)
+    x = np.random.default_rng(8).normal(size=(3, 6)).astype("float32")
+    converted, report = memgrad.convert(model, return_report=True)
+    assert converted.get_layer("halve") is model.get_layer("halve")
+    assert [name for name, _ in report.kept] == ["halve"] and "Lambda" in report.kept[0][1]
+    assert "kept halve: Lambda" in str(report)
+    assert len(report.swapped) == 2 and all(isinstance(layer, selective.Dense) for layer in converted.layers
+                                            if isinstance(layer, keras.layers.Dense))
+    np.testing.assert_array_equal(converted(x), model(x))
