@@ -158,6 +158,18 @@ def test_parse_bytes_rejects_malformed_sizes(text):
         parse_bytes(text)
 
 
+@pytest.mark.parametrize("size", [float("nan"), float("inf"), float("-inf"), "nan", "inf", "9" * 400 + "TB"],
+                         ids=["nan", "inf", "-inf", "'nan'", "'inf'", "400 digits TB"])
+def test_parse_bytes_rejects_non_finite_sizes(size):
+    with pytest.raises(ValueError, match=r"Expected a (finite, non-negative )?byte size.*Received: "):
+        parse_bytes(size)
+
+
+def test_parse_bytes_keeps_large_ints_exact():
+    assert parse_bytes(2**63 + 1) == 2**63 + 1
+    assert parse_bytes(10**400) == 10**400
+
+
 def test_format_bytes():
     assert format_bytes(3 * 2**20) == "3.00 MiB"
     assert format_bytes(512) == "512 B"
