@@ -74,6 +74,24 @@ def test_non_callable_is_rejected():
         memgrad.measure(42)
 
 
+@pytest.mark.parametrize("kind", ["tensor", "ndarray"])
+def test_a_single_tensor_or_array_is_one_argument(kind):
+    # Built here, not in parametrize: the scaling probe imports this module and must start
+    # with an untouched allocator.
+    single = tf.ones([4, 3]) if kind == "tensor" else tf.ones([4, 3]).numpy()
+    shapes = []
+    memgrad.measure(lambda x: shapes.append(tuple(x.shape)), args=single, warmup=0)
+    assert shapes == [(4, 3)]
+
+
+@pytest.mark.parametrize("junk", [5, None, "ab", {"x": 1}, {1, 2}])
+def test_other_args_are_rejected_before_any_call(junk):
+    calls = []
+    with pytest.raises(TypeError, match=r"Expected args to be a tuple or list.*Received: "):
+        memgrad.measure(lambda *a: calls.append(a), args=junk)
+    assert calls == []
+
+
 @pytest.mark.parametrize("device", ["TPU:0", "cpu", "CPU:x", 3, "/job:worker"])
 def test_malformed_device_is_rejected(device):
     with pytest.raises(ValueError, match="Expected a device name such as 'CPU:0'"):
