@@ -142,12 +142,35 @@ def test_bad_input_is_one_clear_line_and_a_nonzero_exit(capsys, arguments, messa
     assert "Traceback" not in err
 
 
-def test_an_unreadable_model_file_is_one_clear_line(tmp_path, capsys):
+def _saved_model_bytes(tmp_path):
+    path = tmp_path / "whole.keras"
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).save(str(path))
+    return path.read_bytes()
+
+
+def _zip_without_config(tmp_path):
+    import zipfile
+
+    path = tmp_path / "other.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", "not a model")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("content, reason", [
+    (lambda tmp: np.random.default_rng(0).bytes(2000), "File is not a zip file"),
+    (lambda tmp: _saved_model_bytes(tmp)[:-100], "File is not a zip file"),  # a truncated download
+    (lambda tmp: b"", "File is not a zip file"),
+    (lambda tmp: _zip_without_config(tmp), "There is no item named 'config.json' in the archive"),
+], ids=["random bytes", "truncated zip", "empty", "zip without config.json"])
+def test_an_unreadable_model_file_is_one_clear_line(tmp_path, capsys, content, reason):
     path = tmp_path / "broken.keras"
-    path.write_bytes(b"this is not a keras archive")
+    path.write_bytes(content(tmp_path))
     status, out, err = _run(capsys, "--model", str(path), "--json", "", "--plot", "")
-    assert status == 2 and err.strip().startswith("memgrad-profile: error: cannot load model file")
-    assert "\n" not in err.strip()
+    err = err.strip()
+    assert status == 2 and "\n" not in err and "File not found" not in err, err
+    assert err.startswith(f"memgrad-profile: error: model file {str(path)!r} exists but is not a readable "
+                          f"Keras model: {reason}"), err
 
 
 def test_a_model_file_with_depths_is_rejected(tmp_path, capsys):

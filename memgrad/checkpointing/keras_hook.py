@@ -135,11 +135,17 @@ def disable_checkpointing(model):
     """Undo `enable_checkpointing`: `model.fit` uses plain gradients again.
 
     Args:
-      model: a `keras.Model`.
+      model: a `keras.Model` (one never passed to `enable_checkpointing` is
+        returned unchanged).
 
     Returns:
       The same model.
+
+    Raises:
+      TypeError: if ``model`` is not a `keras.Model`.
     """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"disable_checkpointing expects a keras.Model. Received: {model!r}")
     if "train_step" in vars(model):
         del model.train_step
         model.train_function = None

@@ -16,7 +16,7 @@ import tempfile
 
 import tensorflow as tf
 
-from memgrad.profiler.measure import _memory_info, _sync, _warn_if_coarse, resolve_device
+from memgrad.profiler.measure import _memory_info, _sync, _warn_if_coarse, positional_args, resolve_device
 from memgrad.profiler.report import format_bytes
 
 
@@ -135,7 +135,8 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
 
     Args:
       fn: the callable, e.g. a ``tf.function`` training step.
-      args: positional arguments for ``fn``.
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor
+        or NumPy array, passed as the one argument.
       kwargs: keyword arguments for ``fn``.
       k: how many tensors to list (at least 1).
       device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any, else the CPU.
@@ -145,6 +146,7 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
       A `PeakTensors`.
 
     Raises:
+      TypeError: if ``args`` is neither a tuple, a list, a tensor nor an array.
       ValueError: for a bad ``k`` or device.
       MemoryStatsUnavailableError: if the allocator keeps no statistics (on CPU, set
         ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow is imported).
@@ -160,6 +162,7 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
         raise ValueError(f"Expected k to be an int >= 1. Received: {k!r}")
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+    args = positional_args(args)
     kwargs = dict(kwargs or {})
     device = resolve_device(device)
     _memory_info(device)

@@ -9,6 +9,7 @@ import statistics
 import time
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from memgrad.profiler.report import MemoryReport
@@ -56,6 +57,25 @@ def resolve_device(device=None) -> str:
             f"{available or 'none'}. Received: {device!r}"
         )
     return name
+
+
+def positional_args(args) -> tuple:
+    """The positional arguments ``args`` stands for, as a tuple.
+
+    A tuple or list holds the arguments; a single tensor or NumPy array is one
+    argument (it is iterable too, so ``fn(*tensor)`` would pass its rows instead).
+
+    Raises:
+      TypeError: for anything else, e.g. ``None``, a number, a string or a dict.
+    """
+    if tf.is_tensor(args) or isinstance(args, np.ndarray):
+        return (args,)
+    if isinstance(args, (tuple, list)):
+        return tuple(args)
+    raise TypeError(
+        "Expected args to be a tuple or list of positional arguments, or a single tensor or NumPy "
+        f"array (passed as the one argument). Received: {args!r}"
+    )
 
 
 def _memory_info(device: str) -> dict:
@@ -113,7 +133,8 @@ def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> Me
 
     Args:
       fn: the callable to measure, e.g. a ``tf.function`` training step.
-      args: positional arguments for ``fn``.
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor
+        or NumPy array, passed as the one argument (``args=x`` is ``args=(x,)``).
       kwargs: keyword arguments for ``fn``.
       device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any,
         else the CPU. The call runs under ``tf.device(device)``.
@@ -125,7 +146,8 @@ def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> Me
       ``peak_above_baseline_bytes``, ``wall_time_s`` and ``device``.
 
     Raises:
-      TypeError: if ``fn`` is not callable.
+      TypeError: if ``fn`` is not callable, or ``args`` is neither a tuple, a list,
+        a tensor nor an array.
       ValueError: for an unknown device or a bad ``warmup``/``repeats``.
       MemoryStatsUnavailableError: if the allocator keeps no statistics.
 
@@ -142,6 +164,7 @@ def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> Me
         raise ValueError(f"Expected warmup to be an int >= 0. Received: {warmup!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
+    args = positional_args(args)
     kwargs = dict(kwargs or {})
     device = resolve_device(device)
     _memory_info(device)  # fail early, before any work, if there are no stats

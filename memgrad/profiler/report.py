@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 _UNITS = {
@@ -31,14 +32,15 @@ def parse_bytes(size) -> int:
     GiB, TiB, or the bare letters K, M, G, T) are powers of 1024.
 
     Args:
-      size: a non-negative int or float of bytes, or a string: a number followed
-        by an optional unit.
+      size: a non-negative int or finite float of bytes, or a string: a number
+        followed by an optional unit.
 
     Returns:
       The size in bytes, as an int.
 
     Raises:
-      ValueError: if ``size`` is negative or not a recognised size.
+      ValueError: if ``size`` is negative, not finite (NaN, infinity, or too
+        large for a float once scaled by its unit) or not a recognised size.
 
     Example:
       >>> parse_bytes("512MiB")
@@ -49,7 +51,7 @@ def parse_bytes(size) -> int:
     if isinstance(size, bool):
         raise ValueError(f"Expected a byte size such as '512MB' or 4096. Received: {size!r}")
     if isinstance(size, (int, float)):
-        value, unit = float(size), ""
+        value, unit = size, ""  # an int stays exact: float() would round or overflow a huge one
     elif isinstance(size, str):
         match = _SIZE_PATTERN.match(size)
         if not match or match.group(2).upper() not in _UNITS:
@@ -60,9 +62,12 @@ def parse_bytes(size) -> int:
         value, unit = float(match.group(1)), match.group(2).upper()
     else:
         raise ValueError(f"Expected a byte size such as '512MB' or 4096. Received: {size!r}")
+    total = value * _UNITS[unit]
+    if isinstance(total, float) and not math.isfinite(total):
+        raise ValueError(f"Expected a finite, non-negative byte size such as '512MB' or 4096. Received: {size!r}")
     if value < 0:
         raise ValueError(f"Expected a non-negative byte size. Received: {size!r}")
-    return int(round(value * _UNITS[unit]))
+    return int(round(total))
 
 
 def format_bytes(num_bytes: float) -> str:

@@ -21,6 +21,7 @@ import dataclasses
 import gc
 import importlib
 import os
+import zipfile
 
 import keras
 import tensorflow as tf
@@ -161,11 +162,24 @@ class _CouplingModel(keras.Model):
 
 
 def _load_keras_file(path):
+    unreadable = f"model file {path!r} exists but is not a readable Keras model"
+    # Keras reports a file that is not a zip archive (random bytes, a truncated download) as
+    # "File not found", so open it here first to name the real problem.
+    try:
+        zipfile.ZipFile(path).close()
+    except FileNotFoundError:
+        raise ProfileError(f"model file {path!r} does not exist") from None
+    except OSError as error:  # e.g. no permission to read it
+        raise ProfileError(f"cannot read model file {path!r}: {error.strerror or error}") from None
+    except zipfile.BadZipFile as error:
+        raise ProfileError(f"{unreadable}: {error} (a .keras file is the zip archive model.save writes)") from None
     try:
         return keras.saving.load_model(path, safe_mode=True, compile=False)
     except Exception as error:  # noqa: BLE001 - any failure to load is the user's file
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ProfileError(f"cannot load model file {path!r}: {reason[:300]}") from None
+        # str(KeyError) wraps its message in quotes ("There is no item named 'config.json' ...").
+        message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+        reason = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+        raise ProfileError(f"{unreadable}: {reason[:300]}") from None
 
 
 def _call_builder(source, depth):

@@ -34,8 +34,9 @@ class ConversionReport:
 
     Attributes:
       swapped: ``(layer name, Keras class name)`` of every replaced layer.
-      kept: ``(layer name, reason)`` of every layer of a replaceable type that
-        was kept as it was.
+      kept: ``(layer name, reason)`` of every layer left unconverted for a
+        reason: a replaceable type with a setting memgrad's layer does not
+        handle, or a ``Lambda`` layer (shared with the original model).
     """
 
     swapped: list = dataclasses.field(default_factory=list)
@@ -73,13 +74,16 @@ def convert(model, return_report=False):
     """Returns a copy of ``model`` with memgrad's selective-differentiation layers swapped in.
 
     ``Dense``, ``Conv1D/2D/3D``, ``Conv2DTranspose``, ``BatchNormalization``,
-    ``ReLU``, ``MaxPooling2D`` and ``Dropout`` layers are
-    replaced by memgrad's drop-in versions (same config, same weights), which keep
-    for backprop only what the requested gradients need: a frozen layer's input
-    is not kept, a ReLU keeps a 1-byte mask. Outputs are unchanged. Works for
-    Sequential and functional models, nested ones included; the original model
-    is not modified. A Sequential model comes back as a `LeanSequential`, whose
-    eager forward pass releases each layer's output as soon as it can (Keras's
+    ``ReLU``, ``MaxPooling2D`` and ``Dropout`` layers are replaced by memgrad's
+    drop-in versions (same config, same weights), which keep for backprop only
+    what the requested gradients need: a frozen layer's input is not kept (so, in
+    eager mode, its weight gradients are available only if a tape watches them
+    before the forward pass), a ReLU keeps a 1-byte mask. Outputs are unchanged.
+    Works for Sequential and functional models, nested ones included; the
+    original model is not modified. ``Lambda`` layers, whose Python function
+    cannot be copied, are shared with the original model and listed in the
+    report. A Sequential model comes back as a `LeanSequential`, whose eager
+    forward pass releases each layer's output as soon as it can (Keras's
     functional runner keeps them all until the call returns).
 
     Args:
@@ -118,6 +122,12 @@ def convert(model, return_report=False):
             report.swapped += nested_report.swapped
             report.kept += nested_report.kept
             return nested
+        if isinstance(layer, keras.layers.Lambda):
+            # A copy from the config would rebuild the function from its serialized
+            # bytecode, which Keras's safe mode refuses; a Lambda has no weights to copy.
+            report.kept.append((layer.name, "Lambda layer: its Python function cannot be copied, so the "
+                                            "converted model shares this layer with the original"))
+            return layer
         replacement = _replacement(layer, report)
         if replacement is not None:
             return replacement

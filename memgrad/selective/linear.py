@@ -13,10 +13,15 @@ class SelectiveLinear:
     """Mixin for a Keras layer that is linear in its input and in its kernel.
 
     In eager mode under a tape, the layer records one operation whose backward
-    keeps the layer's input only if the kernel is trainable, and the kernel only
-    if the input needs a gradient. Inside ``tf.function`` TensorFlow's own
-    gradient pruning already drops what is not needed, so the Keras computation
-    runs unchanged there.
+    keeps the layer's input only if the kernel gradient may be requested, and the
+    kernel only if the input needs a gradient. The kernel gradient may be
+    requested if the layer is trainable or if a tape watched the kernel before the
+    call (``tape.watch(layer.kernel.value)``): that is how to get a frozen layer's
+    kernel gradient in eager mode, since a frozen layer called without it keeps no
+    input and ``tape.gradient`` returns ``None`` for its weights. Inside
+    ``tf.function`` TensorFlow's own gradient pruning already drops what is not
+    needed, so the Keras computation runs unchanged there and every gradient is
+    available.
     """
 
     def _check_supported(self):
@@ -42,16 +47,16 @@ class SelectiveLinear:
         inputs = tf.convert_to_tensor(inputs)
         if not tf.executing_eagerly():
             return super().call(inputs)  # graph gradients already prune unneeded inputs
-        kernel_wanted = weights_wanted(self)
+        variables = [self.kernel] + ([self.bias] if self.use_bias else [])
+        kernel_wanted = weights_wanted(self, variables)
         input_wanted = is_watched(inputs)
         with stop_recording():
             pre = self._linear_part(inputs)
         if kernel_wanted or input_wanted:
-            self._record(pre, inputs, kernel_wanted, input_wanted)
+            self._record(pre, inputs, variables, kernel_wanted, input_wanted)
         return self._activate(pre)
 
-    def _record(self, pre, inputs, kernel_wanted, input_wanted):
-        variables = [self.kernel] + ([self.bias] if self.use_bias else [])
+    def _record(self, pre, inputs, variables, kernel_wanted, input_wanted):
         reads = [watched_read(v) for v in variables] if kernel_wanted else []
         kept_input = inputs if kernel_wanted else None
         if kept_input is not None:
@@ -78,7 +83,9 @@ class SelectiveLinear:
 class Dense(SelectiveLinear, keras.layers.Dense):
     """`keras.layers.Dense` that keeps its input only when its kernel is trainable.
 
-    Same constructor arguments and weights as ``keras.layers.Dense``.
+    Same constructor arguments and weights as ``keras.layers.Dense``. A frozen
+    layer's kernel gradient, in eager mode, needs ``tape.watch(layer.kernel.value)``
+    before the call (see `SelectiveLinear`).
 
     Example:
       >>> layer = Dense(64, activation="relu")

@@ -15,9 +15,12 @@ class BatchNormalization(keras.layers.BatchNormalization):
 
     In inference mode (``training=False``, or a frozen layer) batch normalisation
     is a per-channel affine map ``y = x * a + c``: the input gradient needs only
-    ``a``, and the input is kept only if ``gamma`` is trainable. TensorFlow's
-    FusedBatchNorm keeps the input in every case. Training mode and axes other
-    than the last use Keras's computation.
+    ``a``, and the input is kept only if ``gamma``'s gradient may be requested:
+    the layer is trainable, or a tape watched ``gamma`` or ``beta`` before the call
+    (how to get a frozen layer's parameter gradients in eager mode; otherwise
+    ``tape.gradient`` returns ``None`` for them). TensorFlow's FusedBatchNorm keeps
+    the input in every case. Training mode and axes other than the last use
+    Keras's computation.
 
     Example:
       >>> bn = BatchNormalization(trainable=False)   # a frozen backbone's BN keeps nothing
@@ -29,7 +32,8 @@ class BatchNormalization(keras.layers.BatchNormalization):
         last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
         if not (tf.executing_eagerly() and inference and last_axis and mask is None):
             return super().call(inputs, training=training, mask=mask)
-        params_wanted = weights_wanted(self) and (self.scale or self.center)
+        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        params_wanted = bool(params) and weights_wanted(self, params)
         input_wanted = is_watched(inputs)
         with stop_recording():
             outputs = super().call(inputs, training=False)
@@ -40,7 +44,6 @@ class BatchNormalization(keras.layers.BatchNormalization):
         with stop_recording():
             inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
             scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
-        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
         reads = [watched_read(v) for v in params] if params_wanted else []
         kept_input = inputs if params_wanted and self.scale else None
         if kept_input is not None:

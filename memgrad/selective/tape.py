@@ -17,13 +17,22 @@ def is_watched(tensor) -> bool:
     return bool(record.should_record_backprop([tensor]))
 
 
-def weights_wanted(layer) -> bool:
-    """Whether a tape may want ``layer``'s weight gradients: it is trainable and a tape is active.
+def weights_wanted(layer, variables) -> bool:
+    """Whether a tape may want the gradients of ``layer``'s ``variables``.
 
-    Without an active tape (plain inference) nothing is recorded, so a layer keeps
-    nothing and builds no backward function.
+    They may be wanted if a tape is active and either the layer is trainable or a
+    tape already watches one of the variables, i.e. the gradient of a frozen layer's
+    weights was asked for before the forward pass (``tape.watch(layer.kernel.value)``).
+    A tape learns which gradients are requested only when ``tape.gradient`` runs,
+    after the forward pass; and Keras's variables are watched as soon as they are
+    read (``trainable=False`` does not change that), so an explicit watch is the one
+    request a layer can see in time. The layers' own reads run unrecorded, so they
+    do not count as one. Without an active tape (plain inference) nothing is
+    recorded, so a layer keeps nothing and builds no backward function.
     """
-    return bool(layer.trainable and record.could_possibly_record())
+    if not record.could_possibly_record():
+        return False
+    return bool(layer.trainable or record.should_record_backprop([v.handle for v in variables]))
 
 
 def stop_recording():

@@ -109,6 +109,10 @@ def test_fit_hook_trains_like_plain_fit(name):
 def test_fit_hook_rejects_non_models():
     with pytest.raises(TypeError, match="expects a keras.Model"):
         memgrad.enable_checkpointing(keras.layers.Dense(2))
+    with pytest.raises(TypeError, match="disable_checkpointing expects a keras.Model. Received: None"):
+        memgrad.disable_checkpointing(None)
+    with pytest.raises(TypeError, match="disable_checkpointing expects a keras.Model. Received: <Dense"):
+        memgrad.disable_checkpointing(keras.layers.Dense(2))
 
 
 def test_mirrored_strategy_matches_one_device(mirrored_strategy):

@@ -52,6 +52,11 @@ def test_the_step_peak_holds_the_activations_plain_backprop_keeps():
     assert "largest tensors alive at the peak" in str(peak)
 
 
+def test_args_other_than_a_sequence_or_a_tensor_are_rejected():
+    with pytest.raises(TypeError, match=r"Expected args to be a tuple or list.*Received: 5"):
+        largest_live_tensors(lambda x: x, args=5)
+
+
 def test_bad_k_is_rejected():
     with pytest.raises(ValueError, match="k to be an int >= 1"):
         largest_live_tensors(tf.function(lambda: tf.ones([2])), k=0)

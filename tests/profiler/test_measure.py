@@ -74,6 +74,24 @@ def test_non_callable_is_rejected():
         memgrad.measure(42)
 
 
+@pytest.mark.parametrize("kind", ["tensor", "ndarray"])
+def test_a_single_tensor_or_array_is_one_argument(kind):
+    # Built here, not in parametrize: the scaling probe imports this module and must start
+    # with an untouched allocator.
+    single = tf.ones([4, 3]) if kind == "tensor" else tf.ones([4, 3]).numpy()
+    shapes = []
+    memgrad.measure(lambda x: shapes.append(tuple(x.shape)), args=single, warmup=0)
+    assert shapes == [(4, 3)]
+
+
+@pytest.mark.parametrize("junk", [5, None, "ab", {"x": 1}, {1, 2}])
+def test_other_args_are_rejected_before_any_call(junk):
+    calls = []
+    with pytest.raises(TypeError, match=r"Expected args to be a tuple or list.*Received: "):
+        memgrad.measure(lambda *a: calls.append(a), args=junk)
+    assert calls == []
+
+
 @pytest.mark.parametrize("device", ["TPU:0", "cpu", "CPU:x", 3, "/job:worker"])
 def test_malformed_device_is_rejected(device):
     with pytest.raises(ValueError, match="Expected a device name such as 'CPU:0'"):
@@ -156,6 +174,18 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_rejects_malformed_sizes(text):
     with pytest.raises(ValueError, match="Received"):
         parse_bytes(text)
+
+
+@pytest.mark.parametrize("size", [float("nan"), float("inf"), float("-inf"), "nan", "inf", "9" * 400 + "TB"],
+                         ids=["nan", "inf", "-inf", "'nan'", "'inf'", "400 digits TB"])
+def test_parse_bytes_rejects_non_finite_sizes(size):
+    with pytest.raises(ValueError, match=r"Expected a (finite, non-negative )?byte size.*Received: "):
+        parse_bytes(size)
+
+
+def test_parse_bytes_keeps_large_ints_exact():
+    assert parse_bytes(2**63 + 1) == 2**63 + 1
+    assert parse_bytes(10**400) == 10**400
 
 
 def test_format_bytes():

@@ -106,3 +106,84 @@ def test_convert_rejects_what_it_cannot_rewire():
         memgrad.convert(model)
     with pytest.raises(ValueError, match="expects a Keras Model"):
         memgrad.convert(keras.layers.Dense(2))
+
+
+def _frozen_trunk():
+    """A model whose first three layers are frozen after building (as in fine-tuning)."""
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([
+        keras.Input((6, 6, 2)),
+        keras.layers.Conv2D(3, 3, padding="same", name="frozen_conv"),
+        keras.layers.BatchNormalization(name="frozen_bn"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(5, activation="relu", name="frozen_dense"),
+        keras.layers.Dense(2, name="head"),
+    ])
+    for name in ("frozen_conv", "frozen_bn", "frozen_dense"):
+        model.get_layer(name).trainable = False
+    return model
+
+
+def _frozen_weights(model):
+    return [model.get_layer(name).kernel for name in ("frozen_conv", "frozen_dense")] + [
+        model.get_layer("frozen_bn").gamma, model.get_layer("frozen_bn").beta]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_frozen_weight_gradients_asked_for_match_keras(graph):
+    model = _frozen_trunk()
+    converted = memgrad.convert(model)
+    x = tf.constant(np.random.default_rng(6).normal(size=(4, 6, 6, 2)).astype("float32"))
+
+    def grads(m):
+        sources = _frozen_weights(m) + m.trainable_variables
+        with tf.GradientTape() as tape:
+            tape.watch([v.value for v in _frozen_weights(m)])  # asked for before the forward pass
+            loss = tf.reduce_sum(tf.sin(m(x, training=False)))
+        return tape.gradient(loss, sources)
+
+    grads = tf.function(grads) if graph else grads
+    for got, want in zip(grads(converted), grads(model), strict=True):
+        assert got is not None
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_frozen_weight_gradients_unwatched_match_keras_in_tf_function():
+    model = _frozen_trunk()
+    converted = memgrad.convert(model)
+    x = tf.constant(np.random.default_rng(7).normal(size=(4, 6, 6, 2)).astype("float32"))
+
+    @tf.function
+    def grads(m):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.sin(m(x, training=False)))
+        return tape.gradient(loss, _frozen_weights(m))
+
+    for got, want in zip(grads(converted), grads(model), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+
+def _with_lambdas(kind):
+    scale = 0.5  # a closure, as Lambda functions usually have
+
+    if kind == "sequential":
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
+                                 keras.layers.Lambda(lambda t: t * scale, name="halve"), keras.layers.Dense(2)])
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(4, activation="relu")(inputs)
+    h = keras.layers.Lambda(lambda t: tf.nn.softplus(t) * scale, name="halve")(h)
+    return keras.Model(inputs, keras.layers.Dense(2)(h))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "functional"])
+def test_lambda_layers_are_kept_and_reported(kind):
+    model = _with_lambdas(kind)
+    x = np.random.default_rng(8).normal(size=(3, 6)).astype("float32")
+    converted, report = memgrad.convert(model, return_report=True)
+    assert converted.get_layer("halve") is model.get_layer("halve")
+    assert [name for name, _ in report.kept] == ["halve"] and "Lambda" in report.kept[0][1]
+    assert "kept halve: Lambda" in str(report)
+    assert len(report.swapped) == 2 and all(isinstance(layer, selective.Dense) for layer in converted.layers
+                                            if isinstance(layer, keras.layers.Dense))
+    np.testing.assert_array_equal(converted(x), model(x))

@@ -88,3 +88,31 @@ def test_pooling_and_dropout_tape_holds_less_than_keras(name):
     print(f"\n{name}: tape holds {memgrad_held / 2**20:.2f} MiB (memgrad) vs {keras_held / 2**20:.2f} MiB (Keras)")
     limit = 0.35 if name == "MaxPooling2D" else 0.1
     assert memgrad_held <= limit * keras_held, f"{memgrad_held / 2**20:.2f} vs {keras_held / 2**20:.2f} MiB"
+
+
+@pytest.mark.parametrize("name", ["Dense", "BatchNormalization"])
+def test_frozen_layer_keeps_its_input_only_when_its_weights_are_watched(name):
+    """A frozen layer's weight gradient is available in eager mode iff the tape watched the weights first."""
+    layer = getattr(memgrad.selective, name)(**({"units": 8} if name == "Dense" else {}))
+    layer.build((None, 1024))
+    layer.trainable = False
+    x = tf.random.stateless_normal([1024, 1024], seed=[4, 5])  # 4 MiB
+    weight = layer.weights[0]
+
+    def held_by_tape(watch):
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        with tf.GradientTape() as tape:
+            if watch:
+                tape.watch(weight.value)
+            loss = 0.0
+            for _ in range(2):  # a second call under the same tape is decided the same way
+                h = x + 1.0  # an intermediate only the tape could keep
+                loss += tf.reduce_sum(layer(h, training=False))
+        del h
+        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+        return held, tape.gradient(loss, weight)
+
+    unwatched_held, unwatched_grad = held_by_tape(watch=False)
+    watched_held, watched_grad = held_by_tape(watch=True)
+    assert unwatched_grad is None and unwatched_held < 2**20, f"{unwatched_held / 2**20:.2f} MiB"
+    assert watched_grad is not None and watched_held >= 2 * 4 * 2**20, f"{watched_held / 2**20:.2f} MiB"
