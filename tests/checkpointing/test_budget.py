@@ -13,7 +13,7 @@ from memgrad.checkpointing.budget import _Planner, budget_curve
 from memgrad.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
-from tests.checkpointing.models import loss_fn, max_relative_error, residual
+from tests.checkpointing.models import loss_fn, max_relative_error, residual, rewritten
 from tests import probes as probe_processes
 
 MiB = 2**20
@@ -175,7 +175,8 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
             loss = loss_fn(y, model(x, training=True))
         return reference, direct, tape.gradient(loss, variables)
 
-    reference, direct, taped = step(x, y)
+    with rewritten(calls=2):
+        reference, direct, taped = step(x, y)
     assert max_relative_error(reference, direct) <= 1e-5
     assert max_relative_error(reference, taped) <= 1e-5
     assert budget.last["predicted_bytes"] <= 0.4 * 0.9 * budget.last["plain_bytes"]
@@ -188,7 +189,8 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     target = tf.zeros((x.shape[0], 10))
     model.fit(x, target, batch_size=x.shape[0], epochs=1, verbose=0)
-    hooked.fit(x, target, batch_size=x.shape[0], epochs=1, verbose=0)
+    with rewritten():
+        hooked.fit(x, target, batch_size=x.shape[0], epochs=1, verbose=0)
     for a, b in zip(model.get_weights(), hooked.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
