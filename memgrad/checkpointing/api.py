@@ -65,7 +65,7 @@ def _check_inputs(ys, xs, grad_ys):
             raise ValueError("All ys must belong to one graph. Received ys from two graphs.")
     for x in xs:
         is_tensor = tf.is_symbolic_tensor(x)
-        if not is_tensor and not hasattr(x, "handle"):
+        if not is_tensor and not hasattr(x, "handle") and not isinstance(x, tf.Variable):
             raise TypeError(
                 "xs must be graph tensors or variables. Received: "
                 f"{type(x).__name__} {x!r}"
@@ -99,6 +99,19 @@ def _check_grad_y(i, y, dy):
             f"grad_ys[{i}] must have the dtype of ys[{i}], {y.dtype.name}. "
             f"Received: dtype {dtype.name}."
         )
+
+
+def _identity_gradients(ys, xs, grad_ys, unconnected):
+    """Gradients when no op lies between xs and ys: only an x that is a y has one."""
+    results = _unconnected(xs, unconnected)
+    for i, x in enumerate(xs):
+        if not tf.is_symbolic_tensor(x):
+            continue
+        parts = [tf.ones_like(y) if dy is None else dy
+                 for y, dy in zip(ys, grad_ys) if y.ref() == x.ref()]
+        if parts:
+            results[i] = tf.math.add_n([tf.convert_to_tensor(p) for p in parts])
+    return results
 
 
 def _unconnected(xs, unconnected):
@@ -170,9 +183,10 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
 
     view = ForwardGraph(ys, xs)
     if not view.ops:
-        # No y depends on any x (tf.gradients' answer: None, or zeros, for each x).
+        # No y depends on any x through an op. tf.gradients' answer: an x that is itself a
+        # y gets that y's incoming gradient (ones by default); any other x, None or zeros.
         _record(mode="unconnected", segments=0, copied_ops=0)
-        return _unconnected(xs, unconnected)
+        return _identity_gradients(ys, xs, grad_ys, unconnected)
     plan = choose(view, checkpoints)
     if not plan.tensors:
         if plan.mode != "budget":  # a budget plain backprop fits needs nothing kept

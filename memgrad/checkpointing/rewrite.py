@@ -29,7 +29,7 @@ from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
 from memgrad.graph.memory_model import gradient_function
-from memgrad.graph.view import is_differentiable, is_function_call
+from memgrad.graph.view import is_differentiable, is_function_call, is_variable_read
 
 
 class _Rewrite:
@@ -78,7 +78,7 @@ class _Rewrite:
     def _add_atomic_boundaries(self):
         view = self.view
         for op in view.ops:
-            if view.recomputable(op) or op.type == "ReadVariableOp":
+            if view.recomputable(op) or is_variable_read(op):
                 continue
             for t in op.inputs:
                 if t.dtype.is_floating and view.is_forward(t.op) and (

@@ -10,10 +10,13 @@ import math
 
 import networkx as nx
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import resource_variable_ops
 
 # Ops whose outputs are parameters or constants: kept as they are, never recomputed.
 PARAMETER_SOURCES = frozenset({"Const", "ReadVariableOp", "VarHandleOp", "HostConst"})
+# TF1 reference variables (tf.compat.v1.disable_v2_behavior()); read through an Identity.
+REF_VARIABLE_TYPES = frozenset({"VariableV2", "Variable"})
 # Types that are never copied even when stateless: reading a resource, or pure plumbing.
 NEVER_RECOMPUTED = frozenset({
     "Const", "HostConst", "Placeholder", "PlaceholderWithDefault", "ReadVariableOp",
@@ -106,6 +109,20 @@ def op_flops(op, unknown_dim=1):
     return out
 
 
+def is_variable_read(op):
+    """A read of a variable: ReadVariableOp, or the Identity a TF1 reference variable reads by."""
+    if op.type == "ReadVariableOp":
+        return True
+    return op.type == "Identity" and op.inputs[0].dtype._is_ref_dtype
+
+
+def _is_parameter_source(op):
+    """Variable reads, variables (resource or TF1 reference ones) and constants."""
+    if op.type in PARAMETER_SOURCES or op.type in REF_VARIABLE_TYPES or is_variable_read(op):
+        return True
+    return op.type == "Placeholder" and op.outputs[0].dtype == tf.resource
+
+
 class ForwardGraph:
     """The forward ops between `xs` and `ys`, with bytes, costs and a networkx graph.
 
@@ -157,6 +174,9 @@ class ForwardGraph:
         ):
             with self.graph.as_default():
                 return tf.convert_to_tensor(x.handle)
+        if isinstance(x, tf.Variable):  # a TF1 reference variable: its reference tensor
+            with self.graph.as_default():
+                return tf_ops.convert_to_tensor(x, as_ref=True)
         return x
 
     @staticmethod
@@ -185,19 +205,39 @@ class ForwardGraph:
         return seen
 
     def _find_parameter_like(self):
-        """Ops computed from parameters and constants alone (variable reads, casts of them)."""
+        """Ops computed from parameters and constants alone (variable reads, casts of them).
+
+        When that would leave the ys themselves parameter arithmetic (the network's input is
+        a variable or a constant, as in TF1-style code and in tests), the activation stream
+        is told apart by what an op mixes instead: an op computed from two or more sources
+        (variables, or constants of 1 KiB or more) carries activations; one computed from a
+        single source (a cast, a transpose, a weight norm) stays parameter arithmetic.
+        """
+        ordered = sorted(self.region, key=self._order.__getitem__)
         parameter_like = set()
-        for op in sorted(self.region, key=self._order.__getitem__):
-            if op.type in PARAMETER_SOURCES:
+        for op in ordered:
+            if _is_parameter_source(op):
                 parameter_like.add(op)
-            elif op.type == "Placeholder":
-                if op.outputs[0].dtype == tf.resource:
-                    parameter_like.add(op)
             elif op.inputs and not op._is_stateful and all(
                 t.op in parameter_like for t in op.inputs
             ):
                 parameter_like.add(op)
-        return parameter_like
+        if not all(y.op in parameter_like for y in self.ys):
+            return parameter_like
+        roots = {}  # op -> the sources it is computed from
+        mixing = set()
+        for op in ordered:
+            if op not in parameter_like:
+                continue
+            if _is_parameter_source(op):
+                large = op.type not in ("Const", "HostConst") or sum(
+                    self.tensor_bytes(t) for t in op.outputs) >= 1024
+                roots[op] = frozenset([op]) if large else frozenset()
+                continue
+            roots[op] = frozenset().union(*(roots.get(t.op, frozenset()) for t in op.inputs))
+            if len(roots[op]) >= 2 or any(t.op in mixing for t in op.inputs):
+                mixing.add(op)
+        return parameter_like - mixing
 
     def _find_data_dependent(self):
         """Ops that depend on data (placeholders, stateful sources) rather than parameters."""
@@ -205,7 +245,7 @@ class ForwardGraph:
         for op in sorted(self.region, key=self._order.__getitem__):
             if op in self._parameter_like:
                 continue
-            if op.type == "Placeholder" or (op._is_stateful and op.type not in PARAMETER_SOURCES):
+            if op.type == "Placeholder" or (op._is_stateful and not _is_parameter_source(op)):
                 dependent.add(op)
             elif any(t.op in dependent for t in op.inputs):
                 dependent.add(op)
@@ -218,7 +258,7 @@ class ForwardGraph:
 
     def variable_index_of_read(self, tensor):
         """For the output of a read of a differentiated variable: that variable's index."""
-        if tensor.op.type == "ReadVariableOp":
+        if is_variable_read(tensor.op):
             return self._x_index.get(tensor.op.inputs[0].ref())
         return None
 
@@ -242,6 +282,7 @@ class ForwardGraph:
         ok = (
             bool(op.inputs)
             and op.type not in NEVER_RECOMPUTED
+            and not is_variable_read(op)
             and not op._is_stateful
             and all(t.dtype not in (tf.resource, tf.variant) for t in op.inputs)
             and all(t.dtype not in (tf.resource, tf.variant) for t in op.outputs)
