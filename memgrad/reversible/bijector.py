@@ -216,6 +216,10 @@ class BijectorBlock(ReversibleBlock):
         return leaves
 
     def forward(self, x, training=None):
+        # tfp caches results by input tensor: a second call on the same tensor, now under a
+        # GradientTape, would return the first call's log-det, which has no gradient (plain
+        # backprop through a stack called twice on one batch got wrong weight gradients).
+        x = tf.identity(x)
         if self._leaves is None:
             return self._whole_forward(x)
         y, logdet, _ = self._leaf_forward(x, saved=None)
@@ -224,7 +228,7 @@ class BijectorBlock(ReversibleBlock):
     def forward_and_save(self, x, training=None):
         if self._leaves is None:
             return super().forward_and_save(x, training)
-        return self._leaf_forward(x, saved=None)
+        return self._leaf_forward(tf.identity(x), saved=None)  # tf.identity: see forward
 
     def inverse(self, y, training=None):
         return self.bijector.inverse(y)

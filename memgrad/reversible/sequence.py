@@ -137,7 +137,11 @@ class ReversibleSequence(keras.layers.Layer):
       reconstruction_tolerance: the relative drift that triggers the warning.
       plain_backprop: run the same blocks with ordinary autodiff instead (every
         block's activations kept), to compare memory and time with the same weights.
-      **kwargs: Keras layer arguments.
+      **kwargs: Keras layer arguments. Without ``dtype``, a stack whose tfp
+        bijectors fix a dtype (built from float64 tensors, say) takes theirs.
+
+    Raises:
+      ValueError: if the tfp bijectors fix different dtypes, or one other than ``dtype``.
 
     Returns (when called):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
