@@ -95,7 +95,7 @@ def _is_training_batchnorm(bijector):
 
 
 def _batchnorm_geometry(bijector, x):
-    """The reduction axes of a tfp BatchNormalization over ``x``, and a reshape to broadcast its parameters."""
+    """A tfp BatchNormalization's reduction axes over ``x``, and a reshape broadcasting its parameters."""
     layer = bijector.batchnorm
     if not layer.built:
         layer.build(x.shape)
@@ -125,13 +125,14 @@ class BijectorBlock(ReversibleBlock):
     Every axis but the batch axis is one event: the block's log-det is the
     bijector's ``forward_log_det_jacobian`` with ``event_ndims = rank - 1``.
 
-    Variables: Keras layers and variables the bijector holds (a RealNVP or MAF
-    network written as a Keras model, held directly or reached through a bound method,
-    a ``functools.partial``, a function's closure or a global the function names) are tracked as the block's own,
-    so they appear in ``block.trainable_variables``, the stack's and the model's,
-    and train with ``fit``. ``tf.Variable`` s the bijector owns (``tfb.Scale(tf.Variable(...))``,
-    a BatchNormalization bijector's ``gamma`` and ``beta``) receive gradients through the
-    stack but Keras cannot track them; `all_trainable_variables` lists both kinds.
+    Variables: Keras layers and variables the bijector holds (a RealNVP or MAF network
+    written as a Keras model, held directly or reached through a bound method, a
+    ``functools.partial``, a function's closure or a global the function names) are
+    tracked as the block's own, so they appear in ``block.trainable_variables``, the
+    stack's and the model's, and train with ``fit``. ``tf.Variable`` s the bijector owns
+    (``tfb.Scale(tf.Variable(...))``, a BatchNormalization bijector's ``gamma`` and
+    ``beta``) receive gradients through the stack but Keras does not track them (nor
+    does ``fit`` train them); `all_trainable_variables` lists both kinds.
 
     Dtype: the block computes in ``bijector.dtype`` when the bijector has one, else in
     the dtype of the Keras layers it holds; `ReversibleSequence` takes its dtype from
@@ -174,6 +175,11 @@ class BijectorBlock(ReversibleBlock):
         self.bijector_keras_variables = variables
         self._leaves = self._leaves_if_batchnorm(bijector)
 
+    def build(self, input_shape):
+        # Nothing to create: the bijector's Keras layers build themselves when it first runs
+        # (only the bijector knows their input shapes), and Keras optimizers accept them then.
+        super().build(input_shape)
+
     @property
     def required_dtype(self):
         """The dtype the bijector fixes (a string), or ``None`` if it works in any float dtype."""
@@ -183,9 +189,9 @@ class BijectorBlock(ReversibleBlock):
     def all_trainable_variables(self):
         """Every trainable variable the bijector uses: the Keras ones and its own ``tf.Variable`` s.
 
-        ``trainable_variables`` (and so the model's) has the Keras ones only, since a
-        Keras optimizer cannot update a bare ``tf.Variable``; pass this list to a
-        ``tf.GradientTape`` to get gradients for the bijector's ``tf.Variable`` s too.
+        ``trainable_variables`` (and so the model's, which ``fit`` trains) has the Keras
+        ones only: Keras tracks no bare ``tf.Variable``. In a custom training loop, take
+        gradients for this list and apply them with any optimizer.
         """
         keras_variables = self.trainable_variables
         inner = {id(getattr(v, "_value", v)) for v in keras_variables}
@@ -196,24 +202,22 @@ class BijectorBlock(ReversibleBlock):
     def _leaves_if_batchnorm(bijector):
         """The bijector's leaves when a training-mode BatchNormalization needs handling, else ``None``."""
         leaves = _leaves(bijector)
-        if not any(_is_training_batchnorm(leaf) for leaf, _ in leaves):
-            nested = [m for m in bijector._flatten(  # noqa: SLF001  (tf.Module's own walk)
-                predicate=lambda m: isinstance(m, tfp.bijectors.BatchNormalization)) if m is not bijector]
-            reachable = {id(leaf) for leaf, _ in leaves}
-            hidden = [m for m in nested if id(m) not in reachable and _is_training_batchnorm(m)]
-            if hidden:
-                raise ValueError(
-                    "BijectorBlock cannot rebuild the input of a tfp.bijectors.BatchNormalization "
-                    "in training mode nested inside another bijector: in training mode it "
-                    "normalises with the statistics of the batch, which the backward pass must "
-                    "reuse, and only tfb.Chain and tfb.Invert can be looked through. Put it in the "
-                    "stack directly (or in a Chain/Invert), use it outside the ReversibleSequence, "
-                    "pass training=False, or use ReversibleSequence(..., plain_backprop=True). "
-                    f"Received: BatchNormalization '{hidden[0].name}' inside "
-                    f"{type(bijector).__name__} '{bijector.name}'"
-                )
-            return None
-        return leaves
+        nested = bijector._flatten(  # noqa: SLF001  (tf.Module's own walk over its attributes)
+            predicate=lambda m: isinstance(m, tfp.bijectors.BatchNormalization))
+        reachable = {id(leaf) for leaf, _ in leaves}
+        hidden = [m for m in nested if id(m) not in reachable and _is_training_batchnorm(m)]
+        if hidden:
+            raise ValueError(
+                "BijectorBlock cannot rebuild the input of a tfp.bijectors.BatchNormalization "
+                "in training mode nested inside another bijector: in training mode it "
+                "normalises with the statistics of the batch, which the backward pass must "
+                "reuse, and only tfb.Chain and tfb.Invert can be looked through. Put it in the "
+                "stack directly (or in a Chain/Invert), use it outside the ReversibleSequence, "
+                "pass training=False, or use ReversibleSequence(..., plain_backprop=True). "
+                f"Received: BatchNormalization '{hidden[0].name}' inside "
+                f"{type(bijector).__name__} '{bijector.name}'"
+            )
+        return leaves if any(_is_training_batchnorm(leaf) for leaf, _ in leaves) else None
 
     def forward(self, x, training=None):
         # tfp caches results by input tensor: a second call on the same tensor, now under a

@@ -45,6 +45,7 @@ def test_training_batchnorm_bijector_matches_autodiff_and_updates_once(direction
     before = [v.numpy() for v in statistics]
     variables = stack.trainable_variables + list(bijector.trainable_variables)
     assert len(bijector.trainable_variables) == 2  # gamma and beta
+    assert [id(v) for v in stack.blocks[1].all_trainable_variables] == [id(v) for v in bijector.trainable_variables]
 
     got = gradients(stack, x, variables)
     after_reversible = [v.numpy() for v in statistics]
@@ -91,12 +92,14 @@ def test_bijector_dtype_mismatch_is_refused():
     with pytest.raises(ValueError, match=r"given dtype='float32'.*compute in float64.*Received: block 0 "
                                          r"\(BijectorBlock '.*'\) float64"):
         ReversibleSequence([float64_shift], dtype="float32")
-    with pytest.raises(ValueError, match=r"different dtypes.*Received: block 0 .* float64, block 1 .* float32"):
+    with pytest.raises(ValueError, match=r"different dtypes.*Received: block 0 .* float64, "
+                                         r"block 1 .* float32"):
         ReversibleSequence([float64_shift, tfb.Shift(tf.constant(1.0, tf.float32))])
 
 
 def _shift_and_log_scale_network(seed):
-    return keras.Sequential([keras.Input((2,)), dense(8, seed), dense(8, seed + 1), dense(4, seed + 2, None, stddev=0.1)])
+    return keras.Sequential([keras.Input((2,)), dense(8, seed), dense(8, seed + 1),
+                             dense(4, seed + 2, None, stddev=0.1)])
 
 
 def test_realnvp_keras_network_is_tracked_and_gets_plain_gradients():
