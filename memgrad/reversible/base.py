@@ -75,8 +75,25 @@ class ReversibleBlock(keras.layers.Layer):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement inverse(y, training)")
 
+    def forward_and_save(self, x, training=None):
+        """`forward` as the stack's forward pass runs it, plus what `backward` needs besides ``y``.
+
+        A block whose inverse depends on something only the forward pass sees (a
+        BatchNormalization's batch statistics) returns it here; the stack keeps it
+        and passes it back as ``backward(..., saved=saved)``. Keep it small: it is
+        held from the forward pass to the backward pass. The default saves nothing.
+
+        Returns:
+          ``(y, logdet, saved)``; ``saved`` is ``None`` when there is nothing to keep.
+        """
+        y, logdet = self.forward(x, training=training)
+        return y, logdet, None
+
     def backward(self, y, dy, dlogdet, variables, training=None):
         """Rebuilds the input and back-propagates through the block (Algorithm 1).
+
+        A block whose `forward_and_save` saves something takes it as an extra
+        ``saved`` keyword argument.
 
         Args:
           y: the block's output.

@@ -80,6 +80,38 @@ def _as_block(candidate, index):
     )
 
 
+def _stack_dtype(blocks, dtype):
+    """The stack's dtype: ``dtype`` if given, else the one its bijectors fix (float64 flows).
+
+    Keras casts a layer's floating-point inputs to its compute dtype, so a float32 stack
+    would hand float64 bijectors float32 tensors. A bijector built from float64 tensors
+    (or a float64 Keras network) fixes its block's dtype; the stack follows it, and
+    refuses bijectors that disagree with each other or with an explicit ``dtype``.
+    """
+    pinned = [(index, block, block.required_dtype) for index, block in enumerate(blocks)
+              if getattr(block, "required_dtype", None) is not None]
+    if not pinned:
+        return dtype
+    described = ", ".join(f"block {index} ({layer_name(block)}) {name}" for index, block, name in pinned)
+    if len({name for _, _, name in pinned}) > 1:
+        raise ValueError(
+            "ReversibleSequence runs every block in one dtype, but its bijectors were built in "
+            "different dtypes; build them all from tensors (and Keras layers) of one dtype. "
+            f"Received: {described}"
+        )
+    required = pinned[0][2]
+    if dtype is None:
+        return required
+    given = keras.dtype_policies.get(dtype).compute_dtype
+    if given != required:
+        raise ValueError(
+            f"ReversibleSequence was given dtype={given!r}, but its bijectors compute in "
+            f"{required}; leave dtype out (the stack then follows its bijectors) or build the "
+            f"bijectors in {given}. Received: {described}"
+        )
+    return dtype
+
+
 @keras.saving.register_keras_serializable(package="memgrad")
 class ReversibleSequence(keras.layers.Layer):
     """A stack of reversible blocks whose activation memory does not grow with depth.
@@ -105,7 +137,11 @@ class ReversibleSequence(keras.layers.Layer):
       reconstruction_tolerance: the relative drift that triggers the warning.
       plain_backprop: run the same blocks with ordinary autodiff instead (every
         block's activations kept), to compare memory and time with the same weights.
-      **kwargs: Keras layer arguments.
+      **kwargs: Keras layer arguments. Without ``dtype``, a stack whose tfp
+        bijectors fix a dtype (built from float64 tensors, say) takes theirs.
+
+    Raises:
+      ValueError: if the tfp bijectors fix different dtypes, or one other than ``dtype``.
 
     Returns (when called):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
@@ -133,7 +169,6 @@ class ReversibleSequence(keras.layers.Layer):
 
     def __init__(self, blocks, return_logdet=False, check_reconstruction=False,
                  reconstruction_tolerance=1e-3, plain_backprop=False, **kwargs):
-        super().__init__(**kwargs)
         if isinstance(blocks, (ReversibleBlock, keras.layers.Layer)) or not hasattr(blocks, "__iter__"):
             raise ValueError(
                 f"ReversibleSequence expects a list of blocks. Received: {blocks!r}"
@@ -141,7 +176,10 @@ class ReversibleSequence(keras.layers.Layer):
         blocks = list(blocks)
         if not blocks:
             raise ValueError("ReversibleSequence needs at least one block. Received: []")
-        self.blocks = [_as_block(block, index) for index, block in enumerate(blocks)]
+        blocks = [_as_block(block, index) for index, block in enumerate(blocks)]
+        kwargs["dtype"] = _stack_dtype(blocks, kwargs.get("dtype"))
+        super().__init__(**kwargs)
+        self.blocks = blocks
         self.return_logdet = bool(return_logdet)
         self.check_reconstruction = bool(check_reconstruction)
         self.reconstruction_tolerance = float(reconstruction_tolerance)
@@ -212,13 +250,14 @@ class ReversibleSequence(keras.layers.Layer):
         @tf.custom_gradient
         def reversible_stack(stack_input):
             with record.stop_recording():  # an outer tape must record nothing inside
-                replay_states, h = [], stack_input
+                replay_states, saved_for_backward, h = [], [], stack_input
                 logdet = tf.zeros(tf.shape(stack_input)[:1], dtype=stack_input.dtype)
                 for block in blocks:
                     if block_inputs is not None:
                         block_inputs.append(tf.TensorSpec(h.shape, h.dtype))
                     replay_states.append([(v, tf.identity(v.value)) for v in block.replayed_state()])
-                    h, block_logdet = block.forward(h, training=training)
+                    h, block_logdet, saved = block.forward_and_save(h, training=training)
+                    saved_for_backward.append(saved)
                     logdet = logdet + tf.cast(block_logdet, logdet.dtype)
             output = h
             kept_input = stack_input if sequence.check_reconstruction else None
@@ -230,12 +269,16 @@ class ReversibleSequence(keras.layers.Layer):
                 variable_grads = [None] * len(variables)
                 sources = _sources_per_block(blocks, variables)
                 h, done = output, [d_h]
-                for block, state, indices in zip(reversed(blocks), reversed(replay_states), reversed(sources)):
+                for block, state, saved, indices in zip(reversed(blocks), reversed(replay_states),
+                                                        reversed(saved_for_backward), reversed(sources)):
                     h = _gated(h, done)
+                    # Only blocks that saved something take `saved`: custom blocks may override
+                    # backward with the original signature.
+                    extra = {} if saved is None else {"saved": saved}
                     # Replays the forward's seeds and statistics; discards any assignment.
                     with keras.StatelessScope(state_mapping=state):
                         h, d_h, grads = block.backward(
-                            h, d_h, d_logdet, [variables[i] for i in indices], training=training)
+                            h, d_h, d_logdet, [variables[i] for i in indices], training=training, **extra)
                     done = [d_h] + [g for g in grads if g is not None]
                     for i, grad in zip(indices, grads):
                         variable_grads[i] = add_gradients([variable_grads[i]], [grad])[0]
