@@ -236,14 +236,16 @@ class RandomGraph:
     use), so tracing inside `tf.function` only reads them.
     """
 
-    def __init__(self, spec):
+    def __init__(self, spec, dtype=tf.float32):
         self.spec = spec
+        self.dtype = tf.as_dtype(dtype)  # float64 gives the exact-arithmetic reference
         self._rng = np.random.default_rng(spec.seed)
         self._variables = {}
         self._keras = {}
-        self.unused = tf.Variable(tf.ones([3]), name="unconnected")
+        self.unused = tf.Variable(tf.ones([3], self.dtype), name="unconnected")
         rng = np.random.default_rng(spec.seed + 1)
-        self.x = tf.constant(rng.standard_normal((BATCH, SIDE, SIDE, CHANNELS)), tf.float32)
+        image = rng.standard_normal((BATCH, SIDE, SIDE, CHANNELS)).astype("float32")
+        self.x = tf.constant(image, self.dtype)
         self.ids = tf.constant(rng.integers(0, VOCAB, (BATCH, TOKENS)), tf.int32)
         self.labels = tf.constant(rng.integers(0, CLASSES, (BATCH,)), tf.int32)
         self.forward(self.x, self.ids, self.labels)  # creates the variables
@@ -253,12 +255,15 @@ class RandomGraph:
             fan_in = int(np.prod(shape[:-1])) or 1
             scale = 1.0 / np.sqrt(fan_in) if scale is None else scale
             value = offset + scale * self._rng.standard_normal(shape)
-            self._variables[name] = tf.Variable(value.astype("float32"), name=name)
+            self._variables[name] = tf.Variable(
+                # Rounded to float32 first: a float64 graph has the float32 one's values.
+                value.astype("float32").astype(self.dtype.as_numpy_dtype), name=name)
         return self._variables[name]
 
     def _keras_bn(self, name):
         if name not in self._keras:
-            self._keras[name] = keras.layers.BatchNormalization(name=name)
+            self._keras[name] = keras.layers.BatchNormalization(
+                name=name, dtype=self.dtype.name)
         return self._keras[name]
 
     @property
@@ -354,7 +359,9 @@ class Outcome:
     or fewer than two segments: the rewrite was not tested), `budget_error` (no plan fits
     the budget; legitimate), `budget_plain` (plain backprop fits the budget; legitimate),
     `cut_plain` (one segment, on a graph whose stop_gradients cut every path from the
-    input: the strategy's checkpoints all lie where no gradient flows; legitimate).
+    input: the strategy's checkpoints all lie where no gradient flows; legitimate),
+    `noise` (over the tolerance, but as close to the float64 gradient as tf.gradients is:
+    see `_triage`).
     A budget that raised BudgetError is retried at the smallest feasible budget; its
     outcome is then that of the retry, with `budget_error` set.
     """
@@ -531,11 +538,55 @@ def check_graph(spec, only=None):
         detail = traceback.format_exc(limit=-8)
         return GraphResult(spec, [Outcome(n, "crash", float("inf"), detail) for n in names])
     outcomes = [_outcome(n, log.get(n), results, log["cut"]) for n in names]
+    if any(o.status == "wrong" and o.detail.startswith("worst:") for o in outcomes):
+        _triage(spec, outcomes, results)
     for o in outcomes:
         if log.get(o.strategy + ":budget_error"):
             o.budget_error = True
             o.detail = f"after a BudgetError, at the smallest feasible budget. {o.detail}"
     return GraphResult(spec, outcomes)
+
+
+def _float64_gradients(spec):
+    """tf.gradients of `spec`'s graph in float64 (same values): with and without stops."""
+    graph = RandomGraph(spec, tf.float64)
+
+    @tf.function(autograph=False)
+    def step(x, ids, labels):
+        ys, records = graph.forward(x, ids, labels)
+        xs = graph.variables + [records[i] for i in spec.x_records]
+        xs += [x] if spec.x_input else []
+        xs += [graph.unused] if spec.x_unconnected else []
+        stops = [records[i] for i in spec.stops] or None
+        return {"reference": tf.gradients(ys, xs, stop_gradients=stops,
+                                          unconnected_gradients=spec.unconnected),
+                "tape_reference": tf.gradients(ys, xs, unconnected_gradients=spec.unconnected)}
+
+    exact = step(graph.x, graph.ids, graph.labels)
+    return {k: [None if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32) for g in v]
+            for k, v in exact.items()}
+
+
+def _triage(spec, outcomes, results):
+    """Re-judges gradients over the tolerance against float64 (exact-arithmetic) truth.
+
+    Where a gradient is computed by cancellation (a parameter upstream of a batch
+    normalisation, at batch 4), TensorFlow's own float32 gradient is off by more than 1e-5
+    from the exact one, so memgrad's, summed in another order, can differ from it by more
+    than 1e-5 too. Such an outcome becomes `noise` when memgrad is at most twice as far
+    from the float64 gradient as tf.gradients is (or within the tolerance of it): memgrad
+    is then as accurate as TensorFlow. Otherwise it stays `wrong`.
+    """
+    exact = _float64_gradients(spec)
+    for o in outcomes:
+        if o.status != "wrong" or not o.detail.startswith("worst:"):
+            continue
+        key = "tape_reference" if o.strategy == "tape" else "reference"
+        tf_error, _ = compare(exact[key], results[key])
+        memgrad_error, _ = compare(exact[key], results[o.strategy])
+        o.detail += (f"; vs float64: tf.gradients {tf_error:.2e}, memgrad {memgrad_error:.2e}")
+        if memgrad_error <= max(2.0 * tf_error, TOLERANCE):
+            o.status = "noise"
 
 
 def _outcome(name, logged, results, cut=False):

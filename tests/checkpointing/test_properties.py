@@ -28,3 +28,24 @@ def test_every_strategy_matches_tf_gradients_on_random_graphs(data):
         result = check_graph(spec)
     assert len(result.outcomes) == 5
     assert not result.failures, result.report()
+
+
+def test_the_check_catches_a_slightly_wrong_gradient(monkeypatch):
+    """The harness itself: a gradient off by 0.1% must come out `wrong`, float64 triage
+    included (memgrad then is far less accurate than tf.gradients)."""
+    import memgrad
+    from tests.checkpointing.random_graphs import RandomChooser
+
+    original = memgrad.gradients
+
+    def perturbed(*args, **kwargs):
+        grads = original(*args, **kwargs)
+        first = next(i for i, g in enumerate(grads) if g is not None)
+        grads[first] = grads[first] * 1.001
+        return grads
+
+    monkeypatch.setattr(memgrad, "gradients", perturbed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_graph(draw_spec(RandomChooser("harness")), only=["memory"])
+    assert [o.status for o in result.outcomes] == ["wrong"], result.report()
