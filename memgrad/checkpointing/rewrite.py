@@ -25,6 +25,8 @@ import collections
 import time
 
 import tensorflow as tf
+from tensorflow.python.eager import backprop_util
+from tensorflow.python.ops import control_flow_state, default_gradient
 from toposort import toposort
 
 from memgrad.checkpointing.aggregate import aggregate, dense
@@ -324,10 +326,15 @@ class _Rewrite:
         Only inputs for which `wanted(t)` holds are returned (default: `_port_target`).
         """
         out_grads = []
-        for out in op.outputs:
+        for i, out in enumerate(op.outputs):
             grad = incoming.get(out.ref())
-            if grad is None and is_differentiable(out.dtype):
-                grad = tf.zeros_like(out)
+            if grad is None and backprop_util.IsTrainable(out) and (
+                default_gradient.supports_default_grad(out)
+            ):
+                # tf.gradients' own default: zeros for every trainable output, variants
+                # included. An If op that tf.gradients already differentiated outputs its
+                # intermediates as variants, and cond's gradient needs zeros for them.
+                grad = control_flow_state.ZerosLike(op, i)
             out_grads.append(grad)
         with tf.name_scope(op.name.split("/")[-1] + "_grad"):
             in_grads = gradient_function(op)(op, *out_grads)

@@ -106,14 +106,14 @@ def _probe(op):
             ]
             first = len(scratch.get_operations())
             gradient_function(op)(copy, *grads)
-            created = scratch.get_operations()[first:]
+            read = set()
+            for g_op in scratch.get_operations()[first:]:
+                if g_op.type not in _SHAPE_ONLY:
+                    read.update(t.ref() for t in g_op.inputs)
     except Exception:  # noqa: BLE001 - an unknown gradient: assume it reads everything
+        # Reading the created ops' inputs can fail too: a cond's gradient (StatelessIf)
+        # makes ops that refer to functions the scratch graph does not hold (KeyError).
         return everything
-    read = set()
-    for g_op in created:
-        if g_op.type in _SHAPE_ONLY:
-            continue
-        read.update(t.ref() for t in g_op.inputs)
     return (
         frozenset(i for i, t in enumerate(inputs) if t.ref() in read),
         frozenset(i for i, t in enumerate(copy.outputs) if t.ref() in read),

@@ -291,3 +291,73 @@ def test_x_that_is_a_y_gets_its_incoming_gradient():
     alone_ref, alone, mixed_ref, mixed = step(tf.random.stateless_normal([4, 16], [6, 6]))
     assert float(alone[0]) == float(alone_ref[0]) == 1.0
     assert max_relative_error(mixed_ref, mixed) <= 1e-5
+
+
+# ---------------------------------------------------------------------- found by the property suite
+def _cond_forward(x, weights):
+    """A chain with a data-dependent tf.cond (a StatelessIf op) in the middle."""
+    h = x
+    for i, w in enumerate(weights):
+        h = tf.tanh(h @ w)
+        if i == 2:
+            h = tf.cond(tf.reduce_mean(h) > 0.0, lambda: tf.tanh(h @ weights[0]),
+                        lambda: tf.nn.relu(h) * 0.5)
+    return tf.reduce_sum(h * h)
+
+
+@pytest.mark.parametrize("checkpoints", STRATEGIES, ids=["memory", "speed", "budget"])
+def test_cond_already_differentiated_by_tf_gradients(checkpoints):
+    # tf.gradients rewrites an If op to output its intermediates (variants); memgrad then
+    # differentiated the op in place with None for those outputs, and cond's gradient
+    # failed ("dtype variant is not compatible with 1 of dtype int64").
+    weights = _residual_weights(depth=12, width=16)
+
+    @tf.function(autograph=False)
+    def step(x):
+        loss = _cond_forward(x, weights)
+        reference = tf.gradients(loss, weights)
+        return reference, memgrad.gradients(loss, weights, checkpoints=checkpoints)
+
+    with rewritten():
+        reference, checkpointed = step(tf.random.stateless_normal([64, 16], [1, 2]))
+    assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def test_memory_model_probe_of_a_wrapped_cond_assumes_every_tensor_read():
+    # The memory model probes each op's gradient in a scratch graph. For the function call
+    # wrapping a cond, the ops that gradient makes refer to functions the scratch graph
+    # lacks, and reading their inputs raised KeyError('') out of the Budget planner.
+    from memgrad.graph.memory_model import gradient_reads
+
+    weights = _residual_weights(depth=6, width=8)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape(), tf.GradientTape():
+            loss = _cond_forward(x, weights)
+        calls = [op for op in loss.graph.get_operations() if op.type in (
+            "PartitionedCall", "StatefulPartitionedCall")]
+        assert calls, "expected the cond wrapped in a function call"
+        inputs, outputs = gradient_reads(calls[0])
+        floating = [i for i, t in enumerate(calls[0].outputs) if t.dtype.is_floating]
+        assert outputs == frozenset(floating)
+        return loss
+
+    step(tf.random.stateless_normal([4, 8], [3, 4]))
+
+
+def test_cond_under_two_tapes():
+    # Under two tapes the cond is wrapped in a function call; its gradient, taken in place
+    # with None for the call's variant outputs, captured a tensor of the wrapper's graph
+    # (InaccessibleTensorError). Zeros for them, as tf.gradients gives, fixed it too.
+    weights = _residual_weights(depth=6, width=8)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape(), tf.GradientTape():
+            loss = _cond_forward(x, weights)
+        return tf.gradients(loss, weights), memgrad.gradients(loss, weights, checkpoints="speed")
+
+    with rewritten():
+        reference, checkpointed = step(tf.random.stateless_normal([4, 8], [3, 4]))
+    assert max_relative_error(reference, checkpointed) <= 1e-5

@@ -1,0 +1,130 @@
+"""The long randomized-graph run: memgrad's gradients against TensorFlow's on N random graphs.
+
+Each graph i is drawn from `random.Random(f"{seed}:{i}")` (tests/checkpointing/
+random_graphs.py), so any failure is reproduced by `--seed S --only i`. Every strategy
+('memory', 'speed', a list, a Budget, memgrad.GradientTape) is compared with tf.gradients /
+tf.GradientTape of the same forward in the same tf.function.
+
+Usage:
+    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17]
+
+Prints progress, then the distribution of the max relative error (per strategy and per
+graph), counts of crashes / wrong gradients / fallbacks / budget errors, and the repro
+(seed, index, graph description, error) of every failure. Exits 1 if anything failed.
+"""
+
+import argparse
+import collections
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402  (after the path and environment above)
+
+from tests.checkpointing.random_graphs import (  # noqa: E402
+    FAILURES, TOLERANCE, RandomChooser, check_graph, draw_spec,
+)
+
+
+def graph_seed(seed, index):
+    """The RandomChooser seed of graph `index` of a run."""
+    return f"{seed}:{index}"
+
+
+def summarize(results, seed, elapsed):
+    """The summary text of a list of `(index, GraphResult)`."""
+    lines = [f"== {len(results)} graphs, seed {seed}, {elapsed:.0f} s "
+             f"({elapsed / max(len(results), 1):.2f} s/graph), tolerance {TOLERANCE:g}"]
+    errors = collections.defaultdict(list)
+    statuses = collections.Counter()
+    budget_errors = 0
+    for _, result in results:
+        for o in result.outcomes:
+            statuses[(o.strategy, o.status)] += 1
+            budget_errors += o.budget_error
+            if np.isfinite(o.error) and o.status not in ("crash", "budget_error"):
+                errors[o.strategy].append(o.error)
+    quantiles = (0.5, 0.9, 0.99)
+    lines.append("max relative error, per strategy:  " + "  ".join(
+        f"q{int(q * 100)}" for q in quantiles) + "  max")
+    every = []
+    for strategy, values in errors.items():
+        every.extend(values)
+        qs = np.quantile(values, quantiles)
+        lines.append(f"  {strategy:>8} (n={len(values):4d}): "
+                     + "  ".join(f"{v:.2e}" for v in qs) + f"  {max(values):.2e}")
+    if every:
+        qs = np.quantile(every, quantiles)
+        lines.append(f"  {'all':>8} (n={len(every):4d}): "
+                     + "  ".join(f"{v:.2e}" for v in qs) + f"  {max(every):.2e}")
+    strategies = sorted({s for s, _ in statuses})
+    kinds = ("ok", "wrong", "crash", "fallback", "noise", "budget_plain", "budget_error",
+             "cut_plain")
+    lines.append("outcomes: " + "  ".join(
+        f"{kind}={sum(statuses[(s, kind)] for s in strategies)}" for kind in kinds)
+        + f"  (BudgetError then retried at the smallest feasible budget: {budget_errors})")
+    for s in strategies:
+        lines.append(f"  {s:>8}: " + "  ".join(
+            f"{kind}={statuses[(s, kind)]}" for kind in kinds if statuses[(s, kind)]))
+    failed = [(i, r) for i, r in results if r.failures]
+    lines.append(f"graphs with a failure: {len(failed)}")
+    for i, result in failed:
+        lines.append(f"-- FAILURE: repro with `python scripts/fuzz.py --seed {seed} --only {i}`")
+        lines.append(result.report())
+    return "\n".join(lines)
+
+
+def _check(args):
+    """Draws and checks graph `index` of run `seed` (in a worker process with --jobs)."""
+    seed, index = args
+    warnings.simplefilter("ignore")  # 'memory' warns when it keeps nothing; counted below
+    return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index))))
+
+
+def _results(seed, indices, jobs):
+    """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one."""
+    work = [(seed, i) for i in indices]
+    if jobs <= 1:
+        yield from map(_check, work)
+        return
+    context = multiprocessing.get_context("spawn")  # TensorFlow does not survive fork
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        yield from pool.map(_check, work)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graphs", type=int, default=100, help="how many graphs")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    parser.add_argument("--only", type=int, default=None, help="check graph i alone")
+    parser.add_argument("--every", type=int, default=100,
+                        help="print the running summary every this many graphs")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    args = parser.parse_args(argv)
+    indices = [args.only] if args.only is not None else range(args.graphs)
+    results, start = [], time.perf_counter()
+    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs), 1):
+        spec = result.spec
+        results.append((i, result))
+        worst = max((o.error for o in result.outcomes if o.status in FAILURES or
+                     o.status == "ok"), default=0.0)
+        flag = " FAILED: " + ",".join(f"{o.strategy}={o.status}" for o in result.failures) \
+            if result.failures else ""
+        print(f"[{n}/{len(indices)}] graph {i}: {len(spec.conv)} conv + "
+              f"{len(spec.layers)} layers, max error {worst:.2e}{flag}", flush=True)
+        if args.only is not None:
+            print(result.report())
+        if n % args.every == 0 and n < len(indices):
+            print(summarize(results, args.seed, time.perf_counter() - start), flush=True)
+    print(summarize(results, args.seed, time.perf_counter() - start), flush=True)
+    return 1 if any(r.failures for _, r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
