@@ -251,11 +251,18 @@ def _public_gradient_aliases():
     """
     for module in (tf.compat.v1, tf.compat.v2):  # load the lazily imported API modules
         _ = module.compat.v1, module.compat.v2
+    seen = set()
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "tensorflow" or name.startswith("tensorflow._api.")):
+        # An API module can sit in sys.modules under its generated name
+        # (tensorflow._api.v2.compat.v1) and under the name it was imported by
+        # (tensorflow.compat.v1): every name but TensorFlow's internals counts, once.
+        if module is None or id(module) in seen or not name.startswith("tensorflow"):
+            continue
+        if name.startswith("tensorflow.python") or name.startswith("tensorflow.core"):
             continue
         function = getattr(module, "__dict__", {}).get("gradients")
         if function is _TF_GRADIENTS_V1 or function is _TF_GRADIENTS_V2:
+            seen.add(id(module))
             yield name, module, function
 
 
