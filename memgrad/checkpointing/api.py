@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gradients_impl
 
+from memgrad.checkpointing.aggregate import aggregate
 from memgrad.checkpointing.rewrite import rewrite_gradients
 from memgrad.checkpointing.strategies import COLLECTION, choose
 from memgrad.graph.view import ForwardGraph
@@ -103,18 +104,18 @@ def _check_grad_y(i, y, dy):
 
 def _identity_gradients(ys, xs, grad_ys, unconnected):
     """Gradients when no op lies between xs and ys: only an x that is a y has one."""
-    results = _unconnected(xs, unconnected)
+    results = unconnected_gradients_for(xs, unconnected)
     for i, x in enumerate(xs):
         if not tf.is_symbolic_tensor(x):
             continue
         parts = [tf.ones_like(y) if dy is None else dy
                  for y, dy in zip(ys, grad_ys) if y.ref() == x.ref()]
         if parts:
-            results[i] = tf.math.add_n([tf.convert_to_tensor(p) for p in parts])
+            results[i] = aggregate(parts)
     return results
 
 
-def _unconnected(xs, unconnected):
+def unconnected_gradients_for(xs, unconnected):
     """What tf.gradients returns for xs no y depends on: None, or zeros."""
     if unconnected == tf.UnconnectedGradients.ZERO:
         return [tf.zeros_like(x) for x in xs]
@@ -179,7 +180,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     if not xs:
         return []
     if not ys:
-        return _unconnected(xs, unconnected)
+        return unconnected_gradients_for(xs, unconnected)
 
     view = ForwardGraph(ys, xs)
     if not view.ops:

@@ -4,7 +4,7 @@ import warnings
 
 import tensorflow as tf
 
-from memgrad.checkpointing.api import gradients
+from memgrad.checkpointing.api import gradients, unconnected_gradients_for
 
 _warned_eager = []
 
@@ -96,8 +96,8 @@ class GradientTape(tf.GradientTape):
         # Like tf.GradientTape, a variable the tape did not watch gets no gradient (with
         # watch_accessed_variables=False, only variables passed to `watch` are watched).
         watched = {v.ref() for v in self.watched_variables()}
-        unwatched = [_variable_of(s) is not None and _variable_of(s).ref() not in watched
-                     for s in flat_sources]
+        variables = [_variable_of(s) for s in flat_sources]
+        unwatched = [v is not None and v.ref() not in watched for v in variables]
         wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
         if not self._persistent:
             self._tape = None
@@ -105,9 +105,10 @@ class GradientTape(tf.GradientTape):
             flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
             unconnected_gradients=unconnected_gradients,
         ) if wanted else [])
-        zero = tf.UnconnectedGradients(unconnected_gradients) == tf.UnconnectedGradients.ZERO
+        # An unwatched variable is unconnected, so it gets what an unconnected x gets.
+        unconnected = tf.UnconnectedGradients(unconnected_gradients)
         results = [
-            (tf.zeros_like(s) if zero else None) if skip else next(grads)
+            unconnected_gradients_for([s], unconnected)[0] if skip else next(grads)
             for s, skip in zip(flat_sources, unwatched)
         ]
         return tf.nest.pack_sequence_as(sources, results)
