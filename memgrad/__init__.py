@@ -1,59 +1,56 @@
-"""memgrad: train deeper and wider TensorFlow 2 models in less memory."""
+"""memgrad: train deeper and wider TensorFlow 2 models in less memory.
 
-from memgrad import layers, selective
+The API is this module and four namespaces; everything under ``memgrad._src`` is private.
 
-from memgrad.checkpointing import (
+- ``memgrad``: automatic gradient checkpointing (`gradients`, `GradientTape`, `monkey_patch`,
+  `enable_checkpointing`, `analyze`), the `recompute` primitive and its diagnostics.
+- `memgrad.strategies`: the checkpoint policies (`Memory`, `Speed`, `Collection`, `Tensors`,
+  `Budget`).
+- `memgrad.layers`: Keras layers: reversible blocks, `Checkpoint`.
+- `memgrad.selective`: selective-differentiation layers and `convert`.
+- `memgrad.profiler`: `measure`, `max_batch_size` and the rest of the measuring instrument.
+
+The ``memgrad-profile`` command lives in `memgrad.cli`; the model zoo installs as
+``memgrad_zoo`` (``pip install 'memgrad[zoo]'``).
+"""
+
+from memgrad._src.tf_internals import check_versions as _check_versions
+
+_check_versions()
+
+from memgrad import layers, profiler, selective, strategies  # noqa: E402
+from memgrad._src.checkpointing import (  # noqa: E402
     Analysis,
-    Budget,
     BudgetError,
     GradientTape,
+    Rewrite,
     analyze,
     checkpoint,
     disable_checkpointing,
     enable_checkpointing,
     gradients,
     monkey_patch,
+    record_rewrites,
     unpatch,
 )
 
-from memgrad.profiler import (
-    BatchSearch,
-    CappedRun,
-    CappedRunError,
-    MemoryReport,
-    MemoryStatsUnavailableError,
-    max_batch_size,
-    measure,
-    parse_bytes,
-    run_capped,
-)
-
-from memgrad.selective import convert
-
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "layers",
     "Analysis",
-    "Budget",
     "BudgetError",
     "GradientTape",
+    "Rewrite",
     "analyze",
     "checkpoint",
     "disable_checkpointing",
     "enable_checkpointing",
     "gradients",
+    "layers",
     "monkey_patch",
-    "unpatch",
+    "profiler",
+    "record_rewrites",
     "selective",
-    "convert",
-    "BatchSearch",
-    "CappedRun",
-    "CappedRunError",
-    "MemoryReport",
-    "MemoryStatsUnavailableError",
-    "max_batch_size",
-    "measure",
-    "parse_bytes",
-    "run_capped",
+    "strategies",
+    "unpatch",
 ]

@@ -1,13 +1,21 @@
-"""memgrad's Keras layers in one namespace: reversible blocks, selective-differentiation layers
-and the `Checkpoint` marker for `checkpoints='collection'`.
+"""memgrad's Keras layers: reversible blocks and the checkpointing markers.
 
-The selective layers share Keras's names (``Dense``, ``Conv2D``, ...) and are also
-reachable as ``memgrad.selective.Dense`` etc.
+The selective-differentiation layers share Keras's names (``Dense``, ``Conv2D``, ...) while
+being different layers, so they live in their own namespace, `memgrad.selective`.
+
+Example:
+  ```python
+  import keras
+  import memgrad
+
+  blocks = [memgrad.layers.AdditiveCoupling(keras.layers.Dense(32), keras.layers.Dense(32))
+            for _ in range(8)]
+  stack = memgrad.layers.ReversibleSequence(blocks)   # activation memory flat in depth
+  ```
 """
 
-from memgrad.checkpointing.keras_hook import Checkpoint
-
-from memgrad.reversible import (
+from memgrad._src.checkpointing.marker import Checkpoint
+from memgrad._src.reversible import (
     ActNorm,
     AdditiveCoupling,
     AffineCoupling,
@@ -19,36 +27,13 @@ from memgrad.reversible import (
     Squeeze,
 )
 
-from memgrad.selective import (
-    BatchNormalization,
-    Conv1D,
-    Conv2D,
-    Conv2DTranspose,
-    Conv3D,
-    Dense,
-    Dropout,
-    LeanSequential,
-    MaxPooling2D,
-    ReLU,
-)
-
 __all__ = [
-    "BatchNormalization",
-    "Checkpoint",
-    "Conv1D",
-    "Conv2D",
-    "Conv2DTranspose",
-    "Conv3D",
-    "Dense",
-    "Dropout",
-    "LeanSequential",
-    "MaxPooling2D",
-    "ReLU",
     "ActNorm",
     "AdditiveCoupling",
     "AffineCoupling",
     "BijectorBlock",
     "ChannelPermutation",
+    "Checkpoint",
     "Invertible1x1Conv",
     "ReversibleBlock",
     "ReversibleSequence",

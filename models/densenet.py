@@ -10,16 +10,16 @@ in the forward pass; the recomputation uses the same batch statistics and update
 
 Configurations of Huang et al. (Table 2): DenseNet-BC (k=12) depth 100 has 0.8M parameters,
 (k=24) depth 250 15.3M, (k=40) depth 190 25.6M. Depth is ``6n + 4`` (n layers per block).
-Run ``python -m models.densenet --help`` to train one on the bundled digits.
+Run ``python -m memgrad_zoo.densenet --help`` to train one on the bundled digits.
 """
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from tensorflow.python.eager import record  # stop_recording: what tf.recompute_grad uses too
+from memgrad._src import tf_internals  # replaced by memgrad.recompute (issue 19)
 
-from models.layers import PACKAGE, conv_factory
+from memgrad_zoo.layers import PACKAGE, conv_factory
 
 PAPER = {
     # (depth, growth rate): parameters in Huang et al., Table 2 (CIFAR-10)
@@ -111,7 +111,7 @@ class EfficientBottleneck(keras.layers.Layer):
 
         @tf.custom_gradient
         def bottleneck(*inputs):
-            with record.stop_recording():  # an outer tape must record nothing inside
+            with tf_internals.stop_recording():  # an outer tape must record nothing inside
                 output = layer._forward(list(inputs), training)
 
             def grad_fn(d_output, variables=None):
@@ -196,9 +196,3 @@ def densenet_bc(depth=100, growth_rate=12, efficient=True, num_classes=10,
         name="logits",
     )(h)
     return keras.Model(inputs, outputs, name=name or f"densenet-bc-{depth}-k{growth_rate}")
-
-
-if __name__ == "__main__":
-    from models.train import classifier_main
-
-    classifier_main("densenet")

@@ -9,7 +9,7 @@ learned conditional Gaussian prior (tensorflow-probability's ``Normal``); the la
 learned unconditional prior.
 
 ``reversible=False`` runs the very same weights with plain backprop, for comparison.
-Run ``python -m models.glow --help`` to train one on the bundled digits.
+Run ``python -m memgrad_zoo.glow --help`` to train one on the bundled digits.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from memgrad.layers import ActNorm, AffineCoupling, Invertible1x1Conv, ReversibleSequence, Squeeze
-from models.layers import PACKAGE
+from memgrad_zoo.layers import PACKAGE
 
 tfd = tfp.distributions
 
@@ -74,7 +74,7 @@ class Glow(keras.Model):
     Example:
       >>> glow = Glow((8, 8, 1), levels=2, steps=4, hidden=32)
       >>> glow.compile(keras.optimizers.Adam(1e-3))
-      >>> (x, _), _ = models.data.load_digits()
+      >>> (x, _), _ = memgrad_zoo.data.load_digits()
       >>> glow.fit(x, batch_size=64, epochs=1)              # loss: bits/dim
       >>> samples = glow.sample(16, temperature=0.7)       # [16, 8, 8, 1] in [0, 1]
     """
@@ -279,9 +279,3 @@ class Glow(keras.Model):
                       hidden=self.hidden, n_bins=self.n_bins, reversible=self.reversible,
                       seed=self.seed)
         return config
-
-
-if __name__ == "__main__":
-    from models.train import glow_main
-
-    glow_main()

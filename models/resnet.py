@@ -9,14 +9,14 @@
 | ResNet-164 | 18-18-18 | yes | 16-64-128-256 | 1.70M |
 
 and any other depth by the same rule: ``depth = 6n + 2`` (basic units) or ``9n + 2`` (bottleneck).
-Run ``python -m models.resnet --help`` to train one on the bundled digits.
+Run ``python -m memgrad_zoo.resnet --help`` to train one on the bundled digits.
 """
 
 from __future__ import annotations
 
 import keras
 
-from models import layers as zoo_layers
+from memgrad_zoo import layers as zoo_layers
 
 PAPER = {
     # depth: (units per stage, bottleneck, parameters in the paper's Table 1 for CIFAR-10)
@@ -94,9 +94,3 @@ def resnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, weig
             )(h)
     outputs = zoo_layers.classifier_head(h, num_classes, weight_decay)
     return keras.Model(inputs, outputs, name=name or f"resnet-{depth}")
-
-
-if __name__ == "__main__":
-    from models.train import classifier_main
-
-    classifier_main("resnet")

@@ -14,7 +14,7 @@ activations are not stored; the first unit of a stage that changes resolution or
 non-reversible `RevNetDownsample`. Other depths follow the rule ``depth = 12n + 2`` (basic
 units: F and G have two convolutions each) or ``18n + 2`` (bottleneck), e.g. RevNet-602 is
 50-50-50 basic units at the RevNet-110 widths.
-Run ``python -m models.revnet --help`` to train one on the bundled digits.
+Run ``python -m memgrad_zoo.revnet --help`` to train one on the bundled digits.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import keras
 
 from memgrad.layers import AdditiveCoupling, ReversibleSequence
-from models import layers as zoo_layers
-from models.resnet import units_per_stage
+from memgrad_zoo import layers as zoo_layers
+from memgrad_zoo.resnet import units_per_stage
 
 PAPER = {
     # depth: (units per stage, bottleneck, stem + stage channels, parameters in Table 1)
@@ -94,9 +94,3 @@ def revnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, chan
                                    name=f"stage{stage + 1}_reversible")(h)
     outputs = zoo_layers.classifier_head(h, num_classes, weight_decay)
     return keras.Model(inputs, outputs, name=name or f"revnet-{depth}")
-
-
-if __name__ == "__main__":
-    from models.train import classifier_main
-
-    classifier_main("revnet")

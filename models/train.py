@@ -1,4 +1,4 @@
-"""Training entry points of the model zoo: ``python -m models.revnet|resnet|densenet|glow``.
+"""Training entry points of the model zoo: ``memgrad-zoo revnet|resnet|densenet|glow`` (or ``python -m memgrad_zoo ...``).
 
 Each trains on the bundled digits (or a local CIFAR-10 copy) with Keras's progress bar, saves
 the model as a ``.keras`` checkpoint after every epoch and prints the test figure (accuracy,
@@ -39,7 +39,7 @@ def _check_positive(parser, args, names):
 
 
 def _load(parser, args):
-    from models import data
+    from memgrad_zoo import data
 
     try:
         return data.load(args.data, args.cifar10_path, seed=args.seed)
@@ -71,7 +71,7 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
       A dict: ``test_accuracy``, ``test_loss``, ``train_seconds``, ``parameters``.
 
     Example:
-      >>> from models import data, revnet
+      >>> from memgrad_zoo import data, revnet
       >>> train_classifier(revnet.revnet(38, input_shape=(8, 8, 1)), data.load_digits(), 1, 64, 1e-3)
     """
     import keras
@@ -91,9 +91,9 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
 
 
 def classifier_main(kind, argv=None):
-    """``python -m models.<kind>``: train a RevNet, ResNet or DenseNet-BC classifier."""
+    """``memgrad-zoo <kind>``: train a RevNet, ResNet or DenseNet-BC classifier."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m models.{kind}",
+        prog=f"memgrad-zoo {kind}",
         description=f"Train a {kind} classifier on offline data and save a .keras checkpoint.",
     )
     parser.add_argument("--depth", type=int, default=DEFAULT_DEPTH[kind],
@@ -114,11 +114,11 @@ def classifier_main(kind, argv=None):
     num_classes = int(max(data[0][1].max(), data[1][1].max())) + 1
     try:
         if kind == "revnet":
-            from models.revnet import revnet as build
+            from memgrad_zoo.revnet import revnet as build
         elif kind == "resnet":
-            from models.resnet import resnet as build
+            from memgrad_zoo.resnet import resnet as build
         else:
-            from models.densenet import densenet_bc
+            from memgrad_zoo.densenet import densenet_bc
 
             def build(depth, **kw):
                 return densenet_bc(depth, args.growth_rate, efficient=not args.plain, **kw)
@@ -133,7 +133,7 @@ def classifier_main(kind, argv=None):
 
 
 def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
-    """Trains a `models.glow.Glow` by maximum likelihood and reports test bits/dim.
+    """Trains a `memgrad_zoo.glow.Glow` by maximum likelihood and reports test bits/dim.
 
     Args:
       model: an uncompiled ``Glow``.
@@ -149,7 +149,7 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
       (last epoch), ``train_seconds``.
 
     Example:
-      >>> from models import data, glow
+      >>> from memgrad_zoo import data, glow
       >>> train_glow(glow.Glow((8, 8, 1), levels=2, steps=4), data.load_digits(), 1, 64, 1e-3)
     """
     import keras
@@ -168,9 +168,9 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
 
 
 def glow_main(argv=None):
-    """``python -m models.glow``: train a multi-scale Glow on offline data."""
+    """``memgrad-zoo glow``: train a multi-scale Glow on offline data."""
     parser = argparse.ArgumentParser(
-        prog="python -m models.glow",
+        prog="memgrad-zoo glow",
         description="Train a multi-scale Glow (constant-memory levels) and report test bits/dim.",
     )
     parser.add_argument("--levels", type=int, default=2, help="L, scales (default 2)")
@@ -187,7 +187,7 @@ def glow_main(argv=None):
 
     import keras
 
-    from models.glow import Glow
+    from memgrad_zoo.glow import Glow
 
     keras.utils.set_random_seed(args.seed)
     n_bins = 17 if args.data == "digits" else 256

@@ -27,10 +27,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
-from memgrad.checkpointing import api as checkpointing_api  # noqa: E402
-from memgrad.checkpointing.strategies import memory_plan  # noqa: E402
-from memgrad.graph import ForwardGraph  # noqa: E402
-from memgrad.profiler.workloads import (  # noqa: E402
+from memgrad._src.checkpointing import api as checkpointing_api  # noqa: E402
+from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
+from memgrad._src.graph import ForwardGraph  # noqa: E402
+from memgrad._src.profiler.workloads import (  # noqa: E402
     UNEVEN_WIDTHS, conv_classifier, residual_chain, uneven_chain)
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
@@ -100,7 +100,7 @@ def reversible_suite(rounds, batch=32, size=16, channels=64, depth=8):
         steps = {"memgrad": _training_step(stack, stack.trainable_variables),
                  "plain": _training_step(plain, stack.trainable_variables)}
         seconds = time_side_by_side(steps, x, rounds)
-        peaks = {key: memgrad.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
+        peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
         rows.append({
             "suite": "reversible",
             "case": f"{name}, {depth} blocks, batch {batch}x{size}x{size}x{channels}",
@@ -128,15 +128,15 @@ def _eager_step(model, x, y):
 
 
 def selective_suite(rounds, batch=32):
-    """memgrad.convert(model) vs the Keras model: eager training steps (time and peak memory)."""
+    """memgrad.selective.convert(model) vs the Keras model: eager training steps (time and peak memory)."""
     x = tf.random.stateless_normal([batch, 32, 32, 8], seed=[0, 1])
     y = tf.range(batch) % 10
     rows = []
     for frozen in (True, False):
         model = conv_classifier(frozen)
-        steps = {"memgrad": _eager_step(memgrad.convert(model), x, y), "plain": _eager_step(model, x, y)}
+        steps = {"memgrad": _eager_step(memgrad.selective.convert(model), x, y), "plain": _eager_step(model, x, y)}
         seconds = time_side_by_side(steps, x, rounds)
-        peaks = {key: memgrad.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
+        peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
         rows.append({
             "suite": "selective",
             "case": (f"16 conv-BN-ReLU layers, {'frozen backbone + trainable head' if frozen else 'all trainable'}"
@@ -177,9 +177,10 @@ def _build_seconds(depth, width=8):
         tf.gradients(loss, weights)
         timings["tf"] = time.perf_counter() - start
         start = time.perf_counter()
-        memgrad.gradients(loss, weights)
+        with memgrad.record_rewrites() as log:
+            memgrad.gradients(loss, weights)
         timings["memgrad"] = time.perf_counter() - start
-        timings["memgrad_tf"] = checkpointing_api._last_rewrite["gradient_seconds"]
+        timings["memgrad_tf"] = log[-1].gradient_seconds
         return loss
 
     trace.get_concrete_function(tf.TensorSpec([4, width]))
@@ -193,7 +194,7 @@ def checkpointing_suite(rounds, batch=4096, width=128, depth=64):
     steps = {"memgrad": _gradient_step(weights, loss_fn, memgrad.gradients),
              "plain": _gradient_step(weights, loss_fn, tf.gradients)}
     seconds = time_side_by_side(steps, x, rounds)
-    peaks = {key: memgrad.measure(step, args=(x,)).peak_bytes for key, step in steps.items()}
+    peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_bytes for key, step in steps.items()}
     rows = [{
         "suite": "checkpointing",
         "case": f"checkpoints='memory', residual chain of {depth} layers, batch {batch}x{width}",
@@ -230,27 +231,31 @@ def _sqrt_spacing_gradients(loss, variables):
 
 def _median_peak(step, x):
     """Median of three measured peaks: the executor's schedule moves each by a few MiB."""
-    peaks = sorted(memgrad.measure(step, args=(x,)).peak_above_baseline_bytes for _ in range(3))
+    peaks = sorted(memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for _ in range(3))
     return peaks[1]
 
 
 def budget_suite(rounds, batch=2048):
-    """memgrad.Budget at sqrt(n) spacing's measured peak, on a chain of uneven widths."""
+    """memgrad.strategies.Budget at sqrt(n) spacing's measured peak, on a chain of uneven widths."""
     x = tf.random.stateless_normal([batch, UNEVEN_WIDTHS[-1]], seed=[0, 3])
     weights, loss_fn = uneven_chain()
     sqrt_step = _gradient_step(weights, loss_fn, _sqrt_spacing_gradients)
     plain_step = _gradient_step(weights, loss_fn, tf.gradients)
     sqrt_peak = _median_peak(sqrt_step, x)
-    budget = memgrad.Budget(int(sqrt_peak))
+    budget = memgrad.strategies.Budget(int(sqrt_peak))
+    plans = []
 
     def budgeted(loss, variables):
-        return memgrad.gradients(loss, variables, checkpoints=budget)
+        with memgrad.record_rewrites() as log:
+            grads = memgrad.gradients(loss, variables, checkpoints=budget)
+        plans.append(log[-1].plan)
+        return grads
 
     budget_step = _gradient_step(weights, loss_fn, budgeted)
     steps = {"budget": budget_step, "sqrt": sqrt_step, "plain": plain_step}
     seconds = time_side_by_side(steps, x, rounds)
     peaks = {key: _median_peak(step, x) for key, step in steps.items()}
-    last = dict(budget.last)
+    last = dict(plans[-1].details)
     rows = [{
         "suite": "budget",
         "case": (f"Budget({sqrt_peak / 2**20:.1f} MiB = sqrt(n) spacing's measured peak), "
@@ -292,7 +297,7 @@ def _planning_seconds(depth, width=128, batch=4096):
         timings["ops"] = len(loss.graph.get_operations())
         view = ForwardGraph([loss], weights)
         start = time.perf_counter()
-        memgrad.Budget(0.2).plan(view)
+        memgrad.strategies.Budget(0.2).plan(view)
         timings["seconds"] = time.perf_counter() - start
         start = time.perf_counter()
         memory_plan(ForwardGraph([loss], weights))
@@ -315,7 +320,7 @@ def _classifier_step(model):
 def _glow_twin_steps(size, steps_per_level, hidden, reversible_key, plain_key):
     """SGD steps of one Glow level trained through the constant-memory stack and by plain
     backprop, with the same weights: ``{reversible_key: step, plain_key: step}``."""
-    from models.glow import Glow
+    from memgrad_zoo.glow import Glow
 
     glows = {key: Glow((size, size, 3), levels=1, steps=steps_per_level, hidden=hidden, n_bins=256,
                        reversible=key == reversible_key) for key in (reversible_key, plain_key)}
@@ -329,7 +334,7 @@ def _glow_twin_steps(size, steps_per_level, hidden, reversible_key, plain_key):
 def zoo_suite(rounds, batch=16, size=16):
     """The model zoo: memory-efficient DenseNet-BC and constant-memory Glow vs their plain twins."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from models.densenet import densenet_bc
+    from memgrad_zoo.densenet import densenet_bc
 
     rows = []
     x = tf.random.stateless_normal([batch, size, size, 3], seed=[0, 1])

@@ -34,9 +34,9 @@ MiB = 2**20
 def glow_comparison(epochs, steps, hidden, lr, samples_path):
     import keras
 
-    from models import data
-    from models.glow import Glow
-    from models.train import save_sample_grid, train_glow
+    from memgrad_zoo import data
+    from memgrad_zoo.glow import Glow
+    from memgrad_zoo.train import save_sample_grid, train_glow
 
     digits = data.load_digits()
     results = {}
@@ -54,8 +54,8 @@ def glow_comparison(epochs, steps, hidden, lr, samples_path):
 def classifier_comparison(epochs, lr):
     import keras
 
-    from models import data, resnet, revnet
-    from models.train import train_classifier
+    from memgrad_zoo import data, resnet, revnet
+    from memgrad_zoo.train import train_classifier
 
     digits = data.load_digits()
     results = {}

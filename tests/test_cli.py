@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from memgrad import cli
+from memgrad.cli import profile as cli
 from tests import probes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

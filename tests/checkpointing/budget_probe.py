@@ -2,7 +2,7 @@
 
 `python -m tests.checkpointing.budget_probe NAME` prints `RESULT {json}` with, for plain
 backprop, the 'memory' strategy, sqrt(n) spacing (every round(sqrt(layers))-th layer
-output, with every tensor alive there) and `memgrad.Budget` at sqrt spacing's measured peak: the predicted peak,
+output, with every tensor alive there) and `memgrad.strategies.Budget` at sqrt spacing's measured peak: the predicted peak,
 the measured peak above baseline and the recomputed FLOPs. It runs in a fresh process so
 the allocator's history, which moves BFC peaks by a few MiB, is the same every time.
 """
@@ -18,8 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
-from memgrad.checkpointing.strategies import memory_plan  # noqa: E402
-from memgrad.graph import ForwardGraph, MemoryModel  # noqa: E402
+from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
+from memgrad._src.graph import ForwardGraph, MemoryModel  # noqa: E402
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS  # noqa: E402
 
 
@@ -47,10 +47,11 @@ def main(name):
             if checkpoints is None:
                 info["predicted"], info["flops"] = model.predict([])
                 grads = tf.gradients(loss, weights)
-            elif isinstance(checkpoints, memgrad.Budget):
-                grads = memgrad.gradients(loss, weights, checkpoints=checkpoints)
-                info["predicted"] = checkpoints.last["predicted_bytes"]
-                info["flops"] = checkpoints.last["recomputed_flops"]
+            elif isinstance(checkpoints, memgrad.strategies.Budget):
+                with memgrad.record_rewrites() as log:
+                    grads = memgrad.gradients(loss, weights, checkpoints=checkpoints)
+                info["predicted"] = log[-1].plan.details["predicted_bytes"]
+                info["flops"] = log[-1].plan.details["recomputed_flops"]
             else:
                 cuts = model.positions_of(checkpoints)
                 info["predicted"], info["flops"] = model.predict(cuts)
@@ -58,7 +59,7 @@ def main(name):
             return tf.add_n([tf.reduce_sum(g) for g in grads])
 
         try:
-            peaks = [memgrad.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
+            peaks = [memgrad.profiler.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
                      for _ in range(5)]
         except memgrad.BudgetError as error:
             info.update(error=str(error), predicted=0.0, flops=0.0, measured=1.0)
@@ -74,7 +75,7 @@ def main(name):
     run("sqrt", lambda view, model: sqrt_spacing(model, LAYER_OUTPUT[name]))
     budget = int(results["sqrt"]["measured"])
     results["budget_bytes"] = budget
-    run("budget", lambda view, model: memgrad.Budget(budget))
+    run("budget", lambda view, model: memgrad.strategies.Budget(budget))
     print("RESULT " + json.dumps(results))
 
 

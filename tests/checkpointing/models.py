@@ -167,22 +167,22 @@ class rewritten:
         self.min_segments = min_segments
 
     def __enter__(self):
-        from memgrad.checkpointing import api
+        import memgrad
 
-        self._api = api
-        self._start = api.rewrite_count[0]
+        self._recording = memgrad.record_rewrites()
+        self._log = self._recording.__enter__()
         return self
 
     def __exit__(self, kind, value, traceback):
+        self._recording.__exit__(kind, value, traceback)
         if kind is not None:
             return False
-        new = self._api.rewrite_count[0] - self._start
-        entries = list(self._api.rewrite_log)[-new:] if new else []
+        entries = list(self._log)
         assert len(entries) >= self.calls, (
             f"expected {self.calls} memgrad.gradients calls, saw {len(entries)} "
             "(was the step already traced?)")
         for entry in entries:
-            assert not entry["fallback"], f"fell back to plain tf.gradients: {entry}"
-            assert entry["segments"] >= self.min_segments, f"no real rewrite: {entry}"
+            assert not entry.fallback, f"fell back to plain tf.gradients: {entry}"
+            assert entry.segments >= self.min_segments, f"no real rewrite: {entry}"
         self.entries = entries
         return False

@@ -31,7 +31,6 @@ import numpy as np
 import tensorflow as tf
 
 import memgrad
-from memgrad.checkpointing import api
 from tests.checkpointing.models import max_relative_error
 
 BATCH, SIDE, CHANNELS, WIDTH, VOCAB, TOKENS, CLASSES = 4, 6, 4, 16, 10, 3, 5
@@ -108,7 +107,7 @@ class GraphSpec:
         `x_unconnected`.
       stops: records passed as `stop_gradients` (never two stops when one is an x: issue 25).
       list_checkpoints: records for `checkpoints=[...]`.
-      budget: the fraction for `memgrad.Budget`.
+      budget: the fraction for `memgrad.strategies.Budget`.
       tape_checkpoints: the strategy of `memgrad.GradientTape`.
       plain_tape: whether a `tf.GradientTape` records the forward too (the reference of
         memgrad's tape; else tf.gradients without stops is).
@@ -435,18 +434,18 @@ def compare(reference, other):
 def strategies_of(spec):
     """`(name, checkpoints)` for the memgrad.gradients strategies checked on `spec`."""
     return [("memory", "memory"), ("speed", "speed"), ("list", "list"),
-            ("budget", memgrad.Budget(spec.budget, margin=0.0))]
+            ("budget", memgrad.strategies.Budget(spec.budget, margin=0.0))]
 
 
 def _call(log, name, function, retry=None):
-    """Runs one memgrad call at trace time; records its rewrite_log entries or its error.
+    """Runs one memgrad call at trace time; records its `memgrad.Rewrite` entries or its error.
 
     On a BudgetError, `retry(error)` (if given) makes the call again, and the error is
     noted in `log[name + ':budget_error']`.
     """
-    start = api.rewrite_count[0]
     try:
-        result = function()
+        with memgrad.record_rewrites() as entries:
+            result = function()
     except memgrad.BudgetError as error:
         if retry is not None:
             log[name + ":budget_error"] = str(error)
@@ -456,8 +455,7 @@ def _call(log, name, function, retry=None):
     except Exception:  # noqa: BLE001  (any exception from memgrad is a finding)
         log[name] = ("crash", traceback.format_exc(limit=-8))
         return None
-    new = api.rewrite_count[0] - start
-    log[name] = ("entries", list(api.rewrite_log)[-new:] if new else [])
+    log[name] = ("entries", entries)
     return result
 
 
@@ -465,7 +463,7 @@ def _smallest_budget(error):
     """After a BudgetError on a tiny graph (usual: the fixed costs of any plan exceed a
     fraction of plain backprop), the smallest budget that fits, so a budget plan is still
     differentiated and checked."""
-    return memgrad.Budget(int(error.smallest_feasible_bytes) + 1, margin=0.0)
+    return memgrad.strategies.Budget(int(error.smallest_feasible_bytes) + 1, margin=0.0)
 
 
 def check_graph(spec, only=None):
@@ -600,10 +598,10 @@ def _outcome(name, logged, results, cut=False):
     if not value:
         return Outcome(name, "fallback", error, "memgrad.gradients was not called")
     for entry in value:
-        if entry["fallback"] and entry.get("mode") == "budget":
+        if entry.fallback and entry.mode == "budget":
             return Outcome(name, "budget_plain", error)
-        if cut and not entry["fallback"] and entry["segments"] == 1:
+        if cut and not entry.fallback and entry.segments == 1:
             return Outcome(name, "cut_plain", error, "every checkpoint behind the stops")
-        if entry["fallback"] or entry["segments"] < 2:
+        if entry.fallback or entry.segments < 2:
             return Outcome(name, "fallback", error, f"no real rewrite: {entry}")
     return Outcome(name, "ok", error)

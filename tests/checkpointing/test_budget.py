@@ -1,4 +1,4 @@
-"""memgrad.Budget: the memory model against measured peaks, the planner against sqrt(n)
+"""memgrad.strategies.Budget: the memory model against measured peaks, the planner against sqrt(n)
 spacing and against brute force, the error for budgets no plan fits, and the entry points."""
 
 import itertools
@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad.checkpointing.budget import _Planner, budget_curve
-from memgrad.graph import ForwardGraph, MemoryModel, gradient_reads
+from memgrad._src.checkpointing.budget import _Planner, budget_curve
+from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
 from tests.checkpointing.models import loss_fn, max_relative_error, residual, rewritten
@@ -121,16 +121,17 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
         return fn.get_concrete_function(x)
 
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least") as info:
-        step(memgrad.Budget("64KiB"))
+        step(memgrad.strategies.Budget("64KiB"))
     message = str(info.value)
     assert "64.00 KiB" in message
     view, model = _model_of(loss_fn_, weights, shape)
     smallest = _Planner(view, model).smallest_feasible()
-    budget = memgrad.Budget(int(smallest * 1.001), margin=0.0)
-    step(budget)  # fits
-    assert budget.last["predicted_bytes"] <= smallest * 1.001
+    budget = memgrad.strategies.Budget(int(smallest * 1.001), margin=0.0)
+    with memgrad.record_rewrites() as log:
+        step(budget)  # fits
+    assert log[-1].plan.details["predicted_bytes"] <= smallest * 1.001
     with pytest.raises(memgrad.BudgetError):
-        step(memgrad.Budget(int(smallest * 0.98), margin=0.0))
+        step(memgrad.strategies.Budget(int(smallest * 0.98), margin=0.0))
 
 
 def _model_of(loss_fn_, weights, shape):
@@ -153,9 +154,9 @@ def _model_of(loss_fn_, weights, shape):
 ])
 def test_bad_budgets_are_rejected(bad, error):
     with pytest.raises(error, match="Received"):
-        memgrad.Budget(bad)
+        memgrad.strategies.Budget(bad)
     with pytest.raises(ValueError, match="margin"):
-        memgrad.Budget("1MiB", margin=1.0)
+        memgrad.strategies.Budget("1MiB", margin=1.0)
 
 
 def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
@@ -164,7 +165,7 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     x = tf.constant(rng.standard_normal((1024, 32)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, size=(1024,)).astype("int32"))
     variables = model.trainable_variables
-    budget = memgrad.Budget(0.4)
+    budget = memgrad.strategies.Budget(0.4)
 
     @tf.function
     def step(x, y):
@@ -175,15 +176,16 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
             loss = loss_fn(y, model(x, training=True))
         return reference, direct, tape.gradient(loss, variables)
 
-    with rewritten(calls=2):
+    with rewritten(calls=2) as log:
         reference, direct, taped = step(x, y)
     assert max_relative_error(reference, direct) <= 1e-5
     assert max_relative_error(reference, taped) <= 1e-5
-    assert budget.last["predicted_bytes"] <= 0.4 * 0.9 * budget.last["plain_bytes"]
-    assert budget.last["checkpoints"] > 0
+    details = log.entries[-1].plan.details
+    assert details["predicted_bytes"] <= 0.4 * 0.9 * details["plain_bytes"]
+    assert details["checkpoints"] > 0
 
     hooked = memgrad.enable_checkpointing(
-        keras.models.clone_model(model), checkpoints=memgrad.Budget(0.4))
+        keras.models.clone_model(model), checkpoints=memgrad.strategies.Budget(0.4))
     hooked.set_weights(model.get_weights())
     hooked.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad.checkpointing import api
+from memgrad._src.checkpointing import api
 from tests.checkpointing.models import BUILDERS, loss_fn, max_relative_error, residual, rewritten
 
 
@@ -66,7 +66,7 @@ def test_gradient_tape_in_eager_mode_falls_back_to_tf():
 
 
 def _eager_warned():
-    from memgrad.checkpointing import tape
+    from memgrad._src.checkpointing import tape
     return bool(tape._warned_eager)
 
 

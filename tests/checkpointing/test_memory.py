@@ -2,7 +2,7 @@
 
 Residual chains h <- h + relu(h W) with 2 MiB activations (batch 4096, width 128), so the
 activations dwarf the weights, as in the models checkpointing is for. Peaks are read from
-the allocator (BFC, exact) with memgrad.measure.
+the allocator (BFC, exact) with memgrad.profiler.measure.
 """
 
 import keras
@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad.checkpointing import api
-from memgrad.profiler.workloads import residual_chain
+from memgrad._src.checkpointing import api
+from memgrad._src.profiler.workloads import residual_chain
 from tests.checkpointing.budget_workloads import dense_blocks
 
 BATCH, WIDTH = 4096, 128
@@ -23,13 +23,13 @@ def _chain(depth):
 
 
 def _peak(step, x):
-    return memgrad.measure(step, (x,), device="CPU:0").peak_bytes
+    return memgrad.profiler.measure(step, (x,), device="CPU:0").peak_bytes
 
 
 def _median_peak(step, x):
     """Median of three peaks: where branches run in parallel, the executor's schedule (and the
     machine's load) moves a single peak by up to ~10 MiB (0.40x measured once vs 0.29x)."""
-    return sorted(memgrad.measure(step, (x,), device="CPU:0", warmup=int(i == 0)).peak_bytes
+    return sorted(memgrad.profiler.measure(step, (x,), device="CPU:0", warmup=int(i == 0)).peak_bytes
                   for i in range(3))[1]
 
 
@@ -76,8 +76,8 @@ def test_monkey_patch_and_tape_paths_save_memory():
         patched = _peak(patched_step, x)
     finally:
         memgrad.unpatch()
-    plain_tape = memgrad.measure(tape_step, (x, tf.GradientTape), device="CPU:0").peak_bytes
-    tape = memgrad.measure(tape_step, (x, memgrad.GradientTape), device="CPU:0").peak_bytes
+    plain_tape = memgrad.profiler.measure(tape_step, (x, tf.GradientTape), device="CPU:0").peak_bytes
+    tape = memgrad.profiler.measure(tape_step, (x, memgrad.GradientTape), device="CPU:0").peak_bytes
     assert patched <= 0.4 * plain
     assert tape <= 0.4 * plain_tape
 
@@ -102,8 +102,8 @@ def test_fit_hook_saves_memory():
     def fit(model):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
 
-    plain_peak = memgrad.measure(fit, (plain,), device="CPU:0").peak_bytes
-    hooked_peak = memgrad.measure(fit, (hooked,), device="CPU:0").peak_bytes
+    plain_peak = memgrad.profiler.measure(fit, (plain,), device="CPU:0").peak_bytes
+    hooked_peak = memgrad.profiler.measure(fit, (hooked,), device="CPU:0").peak_bytes
     print(f"fit: plain {plain_peak / 2**20:.0f} MiB, checkpointed {hooked_peak / 2**20:.0f} MiB")
     assert hooked_peak <= 0.5 * plain_peak
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import memgrad
 from tests.checkpointing.models import max_relative_error, rewritten
 
-STRATEGIES = ["memory", "speed", memgrad.Budget(0.7)]
+STRATEGIES = ["memory", "speed", memgrad.strategies.Budget(0.7)]
 
 
 def _residual_weights(depth=12, width=16, seed=0):
@@ -327,7 +327,7 @@ def test_memory_model_probe_of_a_wrapped_cond_assumes_every_tensor_read():
     # The memory model probes each op's gradient in a scratch graph. For the function call
     # wrapping a cond, the ops that gradient makes refer to functions the scratch graph
     # lacks, and reading their inputs raised KeyError('') out of the Budget planner.
-    from memgrad.graph.memory_model import gradient_reads
+    from memgrad._src.graph.memory_model import gradient_reads
 
     weights = _residual_weights(depth=6, width=8)
 

@@ -22,7 +22,6 @@ tf.compat.v1.disable_v2_behavior()
 tf1 = tf.compat.v1
 
 import memgrad  # noqa: E402
-from memgrad.checkpointing import api  # noqa: E402
 
 MARKER = "TF1_SESSION_PROBE "
 
@@ -67,10 +66,10 @@ def memory_and_gradients(n):
             if mode == "plain":
                 grads = tf1.gradients(loss, xs)
             else:
-                start = api.rewrite_count[0]
-                grads = memgrad.gradients(loss, xs, checkpoints="memory")
-                result["segments"] = api._last_rewrite["segments"]
-                result["calls"] = api.rewrite_count[0] - start
+                with memgrad.record_rewrites() as log:
+                    grads = memgrad.gradients(loss, xs, checkpoints="memory")
+                result["segments"] = log[-1].segments
+                result["calls"] = len(log)
             result[mode + "_bytes"], result[mode] = _session_peak(grads)
     result["error"] = _relative_error(result.pop("plain"), result.pop("memory"))
     return result
@@ -81,18 +80,18 @@ def patched_collection():
     with tf1.Graph().as_default():
         loss, xs = _chain(12, batch=64, width=32, mark_every=3)
         reference = tf1.gradients(loss, xs)
-        start = api.rewrite_count[0]
         memgrad.monkey_patch(checkpoints="collection")
         try:
-            patched = tf1.gradients(loss, xs)
+            with memgrad.record_rewrites() as log:
+                patched = tf1.gradients(loss, xs)
         finally:
             memgrad.unpatch()
-        entry = api._last_rewrite
+        entry = log[-1]
         with tf1.Session() as session:
             session.run(tf1.global_variables_initializer())
             a, b = session.run([reference, patched])
-    return {"error": _relative_error(a, b), "calls": api.rewrite_count[0] - start,
-            "segments": entry["segments"], "checkpoints": entry["checkpoints"]}
+    return {"error": _relative_error(a, b), "calls": len(log),
+            "segments": entry.segments, "checkpoints": entry.checkpoints}
 
 
 def tf_keras_fit():
@@ -112,22 +111,22 @@ def tf_keras_fit():
             rng = np.random.RandomState(1)
             x = rng.randn(64, 16).astype("float32")
             y = rng.randn(64, 1).astype("float32")
-            start = api.rewrite_count[0]
             if patch:
                 memgrad.monkey_patch(checkpoints="memory")
             try:
-                history = model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
+                with memgrad.record_rewrites() as log:
+                    history = model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
             finally:
                 memgrad.unpatch()
             results.append({"loss": history.history["loss"],
                             "weights": [w.tolist() for w in model.get_weights()[:2]],
-                            "calls": api.rewrite_count[0] - start})
+                            "calls": len(log), "segments": log[-1].segments if log else 0})
     plain, patched = results
     weight_error = _relative_error([np.array(w) for w in plain["weights"]],
                                    [np.array(w) for w in patched["weights"]])
     return {"plain_loss": plain["loss"], "patched_loss": patched["loss"],
             "weight_error": weight_error, "calls": patched["calls"],
-            "segments": api._last_rewrite.get("segments", 0)}
+            "segments": patched["segments"]}
 
 
 def main():

@@ -2,8 +2,8 @@
 
 import tensorflow as tf
 
-from memgrad.graph import ForwardGraph, cut_profile, op_flops, single_tensor_separators
-from memgrad.graph import tensor_bytes
+from memgrad._src.graph import ForwardGraph, cut_profile, op_flops, single_tensor_separators
+from memgrad._src.graph import tensor_bytes
 
 
 def _trace(fn, *specs):

@@ -36,13 +36,13 @@ def sgd_step(model, loss_fn):
 
 
 def peak(step, args):
-    values = sorted(memgrad.measure(step, args=args, device="CPU:0").peak_above_baseline_bytes
+    values = sorted(memgrad.profiler.measure(step, args=args, device="CPU:0").peak_above_baseline_bytes
                     for _ in range(3))
     return values[1]
 
 
 def densenet(configs):
-    from models.densenet import densenet_bc
+    from memgrad_zoo.densenet import densenet_bc
 
     x = tf.random.stateless_normal([DENSENET_BATCH, 16, 16, 3], seed=[0, 1])
     y = tf.zeros([DENSENET_BATCH], tf.int32)
@@ -65,7 +65,7 @@ GLOW_BATCH, GLOW_IMAGE = 64, (16, 16, 3)
 
 def glow(configs):
     """Configs ``steps:reversible``: one Glow level (squeeze + K steps) on 16x16x3 images."""
-    from models.glow import Glow
+    from memgrad_zoo.glow import Glow
 
     x = tf.random.stateless_uniform([GLOW_BATCH, *GLOW_IMAGE], seed=[0, 2])
 

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from memgrad.layers import ReversibleSequence
-from models import densenet, resnet, revnet
-from models.layers import RevNetDownsample
+from memgrad_zoo import densenet, resnet, revnet
+from memgrad_zoo.layers import RevNetDownsample
 
 
 def trainable_parameters(model):

@@ -8,7 +8,7 @@ import sys
 import keras
 import pytest
 
-from models.train import classifier_main, glow_main
+from memgrad_zoo.train import classifier_main, glow_main
 from tests.probes import ROOT
 
 MAINS = {
@@ -24,7 +24,7 @@ def test_help_exits_zero(kind, capsys):
     with pytest.raises(SystemExit) as exit_info:
         MAINS[kind](["--help"])
     assert exit_info.value.code == 0
-    assert f"python -m models.{kind}" in capsys.readouterr().out
+    assert f"usage: memgrad-zoo {kind}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind, argv, message", [
@@ -53,10 +53,12 @@ def test_classifier_run_saves_a_loadable_checkpoint_and_a_summary(tmp_path):
     assert keras.saving.load_model(checkpoint).count_params() == results["parameters"]
 
 
-def test_python_dash_m_glow_trains_with_a_progress_bar_and_writes_samples(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+def test_python_dash_m_memgrad_zoo_glow_trains_with_a_progress_bar_and_writes_samples(tmp_path):
+    """``python -m memgrad_zoo glow`` from another folder: the installed zoo, not the repository's."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTHONPATH", None)
     done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "models.glow", "--levels", "1", "--steps", "1",
+        [sys.executable, "-W", "ignore", "-m", "memgrad_zoo", "glow", "--levels", "1", "--steps", "1",
          "--hidden", "8", "--epochs", "1", "--output", str(tmp_path / "glow.keras"),
          "--samples", str(tmp_path / "samples.png"), "--summary", str(tmp_path / "glow.json")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
@@ -68,3 +70,12 @@ def test_python_dash_m_glow_trains_with_a_progress_bar_and_writes_samples(tmp_pa
     assert 0 < results["test_bits_per_dim"] < 8
     assert (tmp_path / "samples.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert keras.saving.load_model(tmp_path / "glow.keras").steps == 1
+
+
+def test_memgrad_zoo_without_a_model_names_the_choices(capsys):
+    from memgrad_zoo.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mnist"])
+    assert exit_info.value.code == 2
+    assert "expected a model in revnet, resnet, densenet, glow. Received: 'mnist'" in capsys.readouterr().err

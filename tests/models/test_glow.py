@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import data
-from models.glow import Glow
-from models.train import train_glow
+from memgrad_zoo import data
+from memgrad_zoo.glow import Glow
+from memgrad_zoo.train import train_glow
 
 
 def perturbed_glow(image_shape, levels, steps, seed=0):

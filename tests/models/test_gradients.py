@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from memgrad.layers import ReversibleSequence
-from models import densenet, revnet
-from models.glow import Glow
+from memgrad_zoo import densenet, revnet
+from memgrad_zoo.glow import Glow
 
 
 def loss_and_gradients(model, loss_fn, graph):

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from memgrad.layers import ReversibleSequence
-from models import densenet, resnet, revnet
-from models.densenet import EfficientBottleneck
-from models.glow import Glow
+from memgrad_zoo import densenet, resnet, revnet
+from memgrad_zoo.densenet import EfficientBottleneck
+from memgrad_zoo.glow import Glow
 
 IMAGES = tf.random.stateless_uniform([4, 8, 8, 1], seed=[9, 9])
 

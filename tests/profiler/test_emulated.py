@@ -1,42 +1,42 @@
 import pytest
 
 import memgrad
-from memgrad.profiler import emulated
+from memgrad._src.profiler import emulated
 
 HOLD = "tests.profiler.capped_targets:hold"
 
 
 def test_capped_run_fits_below_its_cap_and_reports_the_peak():
-    run = memgrad.run_capped(HOLD, "64MiB", {"batch_size": 8})  # 32 MiB held
+    run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 8})  # 32 MiB held
     assert run.fits
     assert run.limit_bytes == 64 * 2**20
     assert 32 * 2**20 <= run.peak_bytes <= 40 * 2**20
 
 
 def test_capped_run_reports_out_of_memory_above_its_cap():
-    run = memgrad.run_capped(HOLD, "64MiB", {"batch_size": 20})  # 80 MiB held
+    run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 20})  # 80 MiB held
     assert not run.fits
     assert run.peak_bytes is None
     assert "out of memory" in str(run)
 
 
 def test_failures_other_than_memory_raise():
-    with pytest.raises(memgrad.CappedRunError, match="not a memory problem"):
-        memgrad.run_capped("tests.profiler.capped_targets:fail", "64MiB")
-    with pytest.raises(memgrad.CappedRunError, match="cannot import"):
-        memgrad.run_capped("no_such_module_anywhere:fn", "64MiB")
+    with pytest.raises(memgrad.profiler.CappedRunError, match="not a memory problem"):
+        memgrad.profiler.run_capped("tests.profiler.capped_targets:fail", "64MiB")
+    with pytest.raises(memgrad.profiler.CappedRunError, match="cannot import"):
+        memgrad.profiler.run_capped("no_such_module_anywhere:fn", "64MiB")
 
 
 @pytest.mark.parametrize("target", ["no_colon", "a:b:c", ":fn", 17])
 def test_malformed_target_is_rejected(target):
     with pytest.raises(ValueError, match="module:function"):
-        memgrad.run_capped(target, "64MiB")
+        memgrad.profiler.run_capped(target, "64MiB")
 
 
 @pytest.mark.parametrize("limit", ["100KB", "lots", -3])
 def test_malformed_limit_is_rejected(limit):
     with pytest.raises(ValueError, match="Received"):
-        memgrad.run_capped(HOLD, limit)
+        memgrad.profiler.run_capped(HOLD, limit)
 
 
 def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
@@ -49,18 +49,18 @@ def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
         return emulated.CappedRun(target, kwargs, 2**20, fits, 1 if fits else None, "", 0.0)
 
     monkeypatch.setattr(emulated, "run_capped", fake_run)
-    search = memgrad.max_batch_size(HOLD, "1MiB", {"mib_per_item": 4})
+    search = memgrad.profiler.max_batch_size(HOLD, "1MiB", {"mib_per_item": 4})
     assert search.batch_size == 37
     assert len(calls) == len(set(calls)) <= 12  # doubling then bisection, no repeats
-    assert memgrad.max_batch_size(HOLD, "1MiB", high=20).batch_size == 20
+    assert memgrad.profiler.max_batch_size(HOLD, "1MiB", high=20).batch_size == 20
     monkeypatch.setattr(emulated, "run_capped",
                         lambda t, l, kwargs, timeout: fake_run(t, l, {"batch_size": 99}, timeout))
-    assert memgrad.max_batch_size(HOLD, "1MiB").batch_size == 0
+    assert memgrad.profiler.max_batch_size(HOLD, "1MiB").batch_size == 0
 
 
 def test_max_batch_size_on_the_emulated_device():
     # 4 MiB per item and ~2 MiB of runtime buffers under a 64 MiB cap: 15 items fit, 16 do not.
-    search = memgrad.max_batch_size(HOLD, "64MiB", low=14, high=16)
+    search = memgrad.profiler.max_batch_size(HOLD, "64MiB", low=14, high=16)
     assert search.batch_size == 15
     outcomes = {run.kwargs["batch_size"]: run.fits for run in search.probes}
     assert outcomes[15] and not outcomes[16]
@@ -69,7 +69,7 @@ def test_max_batch_size_on_the_emulated_device():
 @pytest.mark.parametrize("bounds", [{"low": 0}, {"low": 8, "high": 4}])
 def test_max_batch_size_rejects_bad_bounds(bounds):
     with pytest.raises(ValueError, match="low <= high"):
-        memgrad.max_batch_size(HOLD, "64MiB", **bounds)
+        memgrad.profiler.max_batch_size(HOLD, "64MiB", **bounds)
 
 
 def _linear_device(calls, fixed_mib=3.0, mib_per_item=0.1, cap_mib=64):
@@ -89,20 +89,20 @@ def _linear_device(calls, fixed_mib=3.0, mib_per_item=0.1, cap_mib=64):
 def test_max_batch_size_from_a_guess_extrapolates_the_fitting_peaks(monkeypatch, start):
     calls = []
     monkeypatch.setattr(emulated, "run_capped", _linear_device(calls))
-    search = memgrad.max_batch_size(HOLD, "64MiB", start=start, high=10**5)
+    search = memgrad.profiler.max_batch_size(HOLD, "64MiB", start=start, high=10**5)
     assert search.batch_size == 610
     assert calls[0] == start and len(calls) == len(set(calls)) <= 9, calls
     # Without the guess, doubling and bisection take more probes for the same answer.
     plain_calls = []
     monkeypatch.setattr(emulated, "run_capped", _linear_device(plain_calls))
-    assert memgrad.max_batch_size(HOLD, "64MiB", high=10**5).batch_size == 610
+    assert memgrad.profiler.max_batch_size(HOLD, "64MiB", high=10**5).batch_size == 610
     assert len(plain_calls) > len(calls)
 
 
 def test_max_batch_size_stops_within_the_tolerance(monkeypatch):
     calls = []
     monkeypatch.setattr(emulated, "run_capped", _linear_device(calls))
-    search = memgrad.max_batch_size(HOLD, "64MiB", start=50, rtol=0.05, high=10**5)
+    search = memgrad.profiler.max_batch_size(HOLD, "64MiB", start=50, rtol=0.05, high=10**5)
     failing = min(run.kwargs["batch_size"] for run in search.probes if not run.fits)
     assert 0.95 * 610 <= search.batch_size <= 610 < failing <= search.batch_size * 1.05 + 1
 
@@ -111,4 +111,4 @@ def test_max_batch_size_stops_within_the_tolerance(monkeypatch):
                                               ({"rtol": 1.5}, "rtol")])
 def test_max_batch_size_rejects_a_bad_guess_or_tolerance(arguments, match):
     with pytest.raises(ValueError, match=match):
-        memgrad.max_batch_size(HOLD, "64MiB", **arguments)
+        memgrad.profiler.max_batch_size(HOLD, "64MiB", **arguments)

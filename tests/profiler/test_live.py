@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from memgrad.profiler import live
-from memgrad.profiler.live import LiveTensor, largest_live_tensors, replay
+from memgrad._src.profiler import live
+from memgrad._src.profiler.live import LiveTensor, largest_live_tensors, replay
 
 
 def _alloc(address, usage, nbytes, op, shape="[1]", dtype=1):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad.profiler import MemoryStatsUnavailableError, format_bytes, parse_bytes, resolve_device
+from memgrad._src.profiler import MemoryStatsUnavailableError, format_bytes, parse_bytes, resolve_device
 
 BATCH, WIDTH, KEPT = 256, 1024, 32
 ACTIVATION_BYTES = BATCH * WIDTH * 4
@@ -25,7 +25,7 @@ def keep_chain(x):
 
 def test_peak_matches_analytic_bytes_of_kept_activations():
     x = tf.random.normal([BATCH, WIDTH])
-    report = memgrad.measure(keep_chain, args=(x,), device="CPU:0")
+    report = memgrad.profiler.measure(keep_chain, args=(x,), device="CPU:0")
     expected = KEPT * ACTIVATION_BYTES
     assert report.peak_above_baseline_bytes == pytest.approx(expected, rel=0.10)
     assert report.baseline_bytes >= ACTIVATION_BYTES  # the input is live before the call
@@ -42,8 +42,8 @@ _SCALING_SCRIPT = textwrap.dedent("""
     import memgrad
     from tests.profiler.test_measure import BATCH, WIDTH, keep_chain
     x = tf.random.normal([BATCH, WIDTH])
-    small = memgrad.measure(tf.function(lambda x: [tf.tanh(x), tf.tanh(x) * 2.0]), args=(x,))
-    large = memgrad.measure(keep_chain, args=(x,))
+    small = memgrad.profiler.measure(tf.function(lambda x: [tf.tanh(x), tf.tanh(x) * 2.0]), args=(x,))
+    large = memgrad.profiler.measure(keep_chain, args=(x,))
     print(large.peak_above_baseline_bytes / small.peak_above_baseline_bytes)
 """)
 
@@ -63,7 +63,7 @@ def test_eager_call_and_kwargs_and_repeats():
         return [tf.tanh(x) * scale for _ in range(4)]
 
     x = tf.random.normal([BATCH, WIDTH])
-    report = memgrad.measure(eager, args=(x,), kwargs={"scale": 2.0}, repeats=3, warmup=0)
+    report = memgrad.profiler.measure(eager, args=(x,), kwargs={"scale": 2.0}, repeats=3, warmup=0)
     assert report.peak_above_baseline_bytes >= 4 * ACTIVATION_BYTES
     assert report.as_dict()["peak_above_baseline_bytes"] == report.peak_above_baseline_bytes
     assert "MiB" in str(report)
@@ -71,7 +71,7 @@ def test_eager_call_and_kwargs_and_repeats():
 
 def test_non_callable_is_rejected():
     with pytest.raises(TypeError, match="expected a callable.*Received: 42"):
-        memgrad.measure(42)
+        memgrad.profiler.measure(42)
 
 
 @pytest.mark.parametrize("kind", ["tensor", "ndarray"])
@@ -80,7 +80,7 @@ def test_a_single_tensor_or_array_is_one_argument(kind):
     # with an untouched allocator.
     single = tf.ones([4, 3]) if kind == "tensor" else tf.ones([4, 3]).numpy()
     shapes = []
-    memgrad.measure(lambda x: shapes.append(tuple(x.shape)), args=single, warmup=0)
+    memgrad.profiler.measure(lambda x: shapes.append(tuple(x.shape)), args=single, warmup=0)
     assert shapes == [(4, 3)]
 
 
@@ -88,14 +88,14 @@ def test_a_single_tensor_or_array_is_one_argument(kind):
 def test_other_args_are_rejected_before_any_call(junk):
     calls = []
     with pytest.raises(TypeError, match=r"Expected args to be a tuple or list.*Received: "):
-        memgrad.measure(lambda *a: calls.append(a), args=junk)
+        memgrad.profiler.measure(lambda *a: calls.append(a), args=junk)
     assert calls == []
 
 
 @pytest.mark.parametrize("device", ["TPU:0", "cpu", "CPU:x", 3, "/job:worker"])
 def test_malformed_device_is_rejected(device):
     with pytest.raises(ValueError, match="Expected a device name such as 'CPU:0'"):
-        memgrad.measure(lambda: None, device=device)
+        memgrad.profiler.measure(lambda: None, device=device)
 
 
 def test_absent_device_is_rejected():
@@ -103,7 +103,7 @@ def test_absent_device_is_rejected():
         resolve_device("CPU:7")
     if not tf.config.list_logical_devices("GPU"):
         with pytest.raises(ValueError, match="available GPU devices: none"):
-            memgrad.measure(lambda: None, device="GPU:0")
+            memgrad.profiler.measure(lambda: None, device="GPU:0")
 
 
 def test_device_names_are_normalised():
@@ -116,7 +116,7 @@ def test_device_names_are_normalised():
 @pytest.mark.parametrize("bad", [{"warmup": -1}, {"repeats": 0}, {"repeats": 1.5}])
 def test_bad_counts_are_rejected(bad):
     with pytest.raises(ValueError, match="Received"):
-        memgrad.measure(lambda: None, **bad)
+        memgrad.profiler.measure(lambda: None, **bad)
 
 
 def _run_without_bfc(script, **extra_env):
@@ -133,7 +133,7 @@ def test_default_cpu_allocator_measures_large_tensors_and_warns():
         """
         import tensorflow as tf, memgrad
         f = tf.function(lambda x: [x * float(i) for i in range(1, 17)])
-        r = memgrad.measure(f, args=(tf.ones([256, 1024]),))
+        r = memgrad.profiler.measure(f, args=(tf.ones([256, 1024]),))
         print("RATIO", r.peak_above_baseline_bytes / (16 * 2**20))
         """,
         TF_ENABLE_ONEDNN_OPTS="1",
@@ -149,8 +149,8 @@ def test_missing_allocator_stats_raise_a_clear_error():
         """
         import memgrad
         try:
-            memgrad.measure(lambda: None, device="CPU:0")
-        except memgrad.MemoryStatsUnavailableError as error:
+            memgrad.profiler.measure(lambda: None, device="CPU:0")
+        except memgrad.profiler.MemoryStatsUnavailableError as error:
             print("RAISED:", error)
         else:
             print("NO ERROR")

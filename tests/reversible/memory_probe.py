@@ -68,7 +68,7 @@ def main(kinds, depths):
                     # activation, more when other processes compete for the cores): the
                     # median of three. Eager runs ops in program order: one call.
                     calls = 3 if graph else 1
-                    measured = sorted(memgrad.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
+                    measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
                                       .peak_above_baseline_bytes for call in range(calls))
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = measured[calls // 2]

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from memgrad.layers import AdditiveCoupling, ReversibleSequence
-from memgrad.reversible import sequence as sequence_module
+from memgrad._src.reversible import sequence as sequence_module
 from tests.reversible.stacks import dense, gradients, max_relative_error, plain_forward
 
 

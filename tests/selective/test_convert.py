@@ -34,7 +34,7 @@ def _functional_with_nested():
 def test_sequential_conversion_swaps_and_preserves_outputs():
     model = _sequential()
     x = np.random.default_rng(0).normal(size=(4, 8, 8, 3)).astype("float32")
-    converted, report = memgrad.convert(model, return_report=True)
+    converted, report = memgrad.selective.convert(model, return_report=True)
     assert isinstance(converted, selective.LeanSequential)
     kinds = [type(layer) for layer in converted.layers]
     assert kinds[:3] == [selective.Conv2D, selective.BatchNormalization, selective.ReLU]
@@ -49,7 +49,7 @@ def test_sequential_conversion_swaps_and_preserves_outputs():
 def test_functional_and_nested_conversion():
     model = _functional_with_nested()
     x = np.random.default_rng(1).normal(size=(3, 6)).astype("float32")
-    converted, report = memgrad.convert(model, return_report=True)
+    converted, report = memgrad.selective.convert(model, return_report=True)
     names = {name for name, _ in report.swapped}
     assert len(report.swapped) == 4  # three Dense (one nested) and a ReLU
     assert any(isinstance(layer, keras.Sequential) for layer in converted.layers)
@@ -61,7 +61,7 @@ def test_functional_and_nested_conversion():
 
 
 def test_converted_model_save_load_round_trip(tmp_path):
-    converted = memgrad.convert(_sequential())
+    converted = memgrad.selective.convert(_sequential())
     x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype("float32")
     path = tmp_path / "converted.keras"
     converted.save(path)
@@ -74,7 +74,7 @@ def test_converted_model_save_load_round_trip(tmp_path):
 def test_converted_model_trains_with_fit_and_eager_gradients_match():
     model = _sequential()
     model.layers[0].trainable = False
-    converted = memgrad.convert(model)
+    converted = memgrad.selective.convert(model)
     x = np.random.default_rng(3).normal(size=(16, 8, 8, 3)).astype("float32")
     y = np.arange(16) % 3
 
@@ -103,9 +103,9 @@ def test_convert_rejects_what_it_cannot_rewire():
     model = Subclassed()
     model(np.ones((1, 3), "float32"))
     with pytest.raises(ValueError, match="subclassed model.*Received: Subclassed"):
-        memgrad.convert(model)
+        memgrad.selective.convert(model)
     with pytest.raises(ValueError, match="expects a Keras Model"):
-        memgrad.convert(keras.layers.Dense(2))
+        memgrad.selective.convert(keras.layers.Dense(2))
 
 
 def _frozen_trunk():
@@ -132,7 +132,7 @@ def _frozen_weights(model):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 def test_frozen_weight_gradients_asked_for_match_keras(graph):
     model = _frozen_trunk()
-    converted = memgrad.convert(model)
+    converted = memgrad.selective.convert(model)
     x = tf.constant(np.random.default_rng(6).normal(size=(4, 6, 6, 2)).astype("float32"))
 
     def grads(m):
@@ -150,7 +150,7 @@ def test_frozen_weight_gradients_asked_for_match_keras(graph):
 
 def test_frozen_weight_gradients_unwatched_match_keras_in_tf_function():
     model = _frozen_trunk()
-    converted = memgrad.convert(model)
+    converted = memgrad.selective.convert(model)
     x = tf.constant(np.random.default_rng(7).normal(size=(4, 6, 6, 2)).astype("float32"))
 
     @tf.function
@@ -180,7 +180,7 @@ def _with_lambdas(kind):
 def test_lambda_layers_are_kept_and_reported(kind):
     model = _with_lambdas(kind)
     x = np.random.default_rng(8).normal(size=(3, 6)).astype("float32")
-    converted, report = memgrad.convert(model, return_report=True)
+    converted, report = memgrad.selective.convert(model, return_report=True)
     assert converted.get_layer("halve") is model.get_layer("halve")
     assert [name for name, _ in report.kept] == ["halve"] and "Lambda" in report.kept[0][1]
     assert "kept halve: Lambda" in str(report)

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad.profiler.workloads import conv_classifier
+from memgrad._src.profiler.workloads import conv_classifier
 
 
 def conv_net(frozen_backbone):
@@ -27,7 +27,7 @@ def step_peak(model, graph=False, calls=1):
         return loss
 
     step = tf.function(step) if graph else step
-    return min(memgrad.measure(step, warmup=int(i == 0)).peak_above_baseline_bytes for i in range(calls))
+    return min(memgrad.profiler.measure(step, warmup=int(i == 0)).peak_above_baseline_bytes for i in range(calls))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def peaks():
     results = {}
     for frozen in (True, False):
         keras_model = conv_net(frozen)
-        converted = memgrad.convert(keras_model)
+        converted = memgrad.selective.convert(keras_model)
         results[frozen] = (step_peak(keras_model), step_peak(converted))
         # Graph peaks vary between runs with the executor's parallel schedule (measured:
         # +-0.5 MiB of 34 MiB for the same graph); take the least of three of each.

@@ -1,0 +1,29 @@
+"""Automatic gradient checkpointing: strategies, the rewrite and its entry points."""
+
+from memgrad._src.checkpointing.analyze import Analysis, analyze
+from memgrad._src.checkpointing.budget import Budget, BudgetError, CurvePoint, budget_curve
+from memgrad._src.checkpointing.api import Rewrite, checkpoint, gradients, monkey_patch, record_rewrites, unpatch
+from memgrad._src.checkpointing.keras_hook import disable_checkpointing, enable_checkpointing
+from memgrad._src.checkpointing.marker import Checkpoint
+from memgrad._src.checkpointing.strategies import CheckpointPlan
+from memgrad._src.checkpointing.tape import GradientTape
+
+__all__ = [
+    "Analysis",
+    "Budget",
+    "BudgetError",
+    "CurvePoint",
+    "budget_curve",
+    "Checkpoint",
+    "CheckpointPlan",
+    "GradientTape",
+    "Rewrite",
+    "record_rewrites",
+    "analyze",
+    "checkpoint",
+    "disable_checkpointing",
+    "enable_checkpointing",
+    "gradients",
+    "monkey_patch",
+    "unpatch",
+]

@@ -1,0 +1,385 @@
+"""`memgrad.gradients`, a drop-in for `tf.gradients`, and the monkey patch that installs it."""
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import sys
+import threading
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+from memgrad._src.checkpointing.aggregate import aggregate
+from memgrad._src.checkpointing.rewrite import rewrite_gradients
+from memgrad._src.checkpointing.strategies import COLLECTION, choose
+from memgrad._src.graph.view import ForwardGraph
+
+# TensorFlow's own functions, kept before any patch so memgrad never calls itself.
+_TF_GRADIENTS_V1 = tf_internals.tf_gradients_v1
+_TF_GRADIENTS_V2 = tf_internals.tf_gradients_v2
+_patch_lock = threading.Lock()
+_patched = {}
+_recorders = []  # the lists of every active record_rewrites() block (any thread)
+_recorders_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """What one `memgrad.gradients` call did, as logged by `record_rewrites`.
+
+    Attributes:
+      mode: the strategy's name (``'memory'``, ``'speed'``, ``'collection'``, ``'list'``,
+        ``'budget'``, a user strategy's ``name``), or ``'unconnected'``.
+      segments: segments of the forward pass recomputed separately (0: no rewrite).
+      copied_ops: forward ops copied for recomputation.
+      checkpoints: tensors kept.
+      fallback: True when nothing was worth keeping and plain `tf.gradients` ran.
+      estimated_bytes: the strategy's estimate of the activation peak.
+      gradient_seconds: time spent inside `tf.gradients` while building the rewrite.
+      plan: the `CheckpointPlan` (``plan.details`` holds a `Budget`'s figures), or None.
+    """
+
+    mode: str
+    segments: int = 0
+    copied_ops: int = 0
+    checkpoints: int = 0
+    fallback: bool = False
+    estimated_bytes: float = 0.0
+    gradient_seconds: float = 0.0
+    plan: object = None
+
+
+@contextlib.contextmanager
+def record_rewrites():
+    """Logs every `memgrad.gradients` call traced inside the block (from any thread).
+
+    `memgrad.GradientTape`, `monkey_patch` and the Keras fit hook go through
+    `memgrad.gradients`, so their calls are logged too. A ``tf.function`` is rewritten when
+    it is traced, not when it runs again: wrap its first call.
+
+    Returns:
+      A context manager whose value is a list, filled with one `Rewrite` per call.
+
+    Example:
+      ```python
+      with memgrad.record_rewrites() as log:
+          train_step(x, y)            # a tf.function using memgrad.GradientTape
+      print(log[0].segments, log[0].plan.estimated_bytes)
+      ```
+    """
+    log = []
+    with _recorders_lock:
+        _recorders.append(log)
+    try:
+        yield log
+    finally:
+        with _recorders_lock:
+            _recorders.remove(log)
+
+
+def _record(**fields):
+    if not _recorders:
+        return
+    entry = Rewrite(**fields)
+    with _recorders_lock:
+        for log in _recorders:
+            log.append(entry)
+
+
+def _as_list(value):
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _check_inputs(ys, xs, grad_ys):
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "memgrad.gradients works inside a graph (a tf.function), like tf.gradients. "
+            "Received a call in eager mode: wrap the training step in @tf.function, or use "
+            "memgrad.GradientTape, which falls back to tf.GradientTape when eager."
+        )
+    graph = None
+    for y in ys:
+        if not tf.is_symbolic_tensor(y):
+            raise TypeError(
+                "ys must be graph tensors computed inside the tf.function. Received: "
+                f"{type(y).__name__} {y!r}"
+            )
+        if graph is None:
+            graph = y.graph
+        elif y.graph is not graph:
+            raise ValueError("All ys must belong to one graph. Received ys from two graphs.")
+    for x in xs:
+        is_tensor = tf.is_symbolic_tensor(x)
+        if not is_tensor and not hasattr(x, "handle") and not isinstance(x, tf.Variable):
+            raise TypeError(
+                "xs must be graph tensors or variables. Received: "
+                f"{type(x).__name__} {x!r}"
+            )
+    if grad_ys is not None:
+        if len(grad_ys) != len(ys):
+            raise ValueError(
+                f"grad_ys must have one entry per y. Received {len(grad_ys)} for {len(ys)} ys."
+            )
+        for i, (y, dy) in enumerate(zip(ys, grad_ys)):
+            _check_grad_y(i, y, dy)
+
+
+def _check_grad_y(i, y, dy):
+    """Checks an incoming gradient against its y here, not deep inside a gradient op."""
+    if dy is None:
+        return
+    if isinstance(dy, tf.IndexedSlices):
+        dy = dy.values
+    shape = getattr(dy, "shape", None)
+    if shape is None:
+        shape = tf.TensorShape(np.shape(dy))
+    if not tf.TensorShape(shape).is_compatible_with(y.shape):
+        raise ValueError(
+            f"grad_ys[{i}] must have the shape of ys[{i}], {y.shape}. "
+            f"Received: shape {tf.TensorShape(shape)}."
+        )
+    dtype = getattr(dy, "dtype", None)
+    if isinstance(dtype, tf.DType) and dtype != y.dtype:
+        raise ValueError(
+            f"grad_ys[{i}] must have the dtype of ys[{i}], {y.dtype.name}. "
+            f"Received: dtype {dtype.name}."
+        )
+
+
+def _identity_gradients(ys, xs, grad_ys, unconnected):
+    """Gradients when no op lies between xs and ys: only an x that is a y has one."""
+    results = unconnected_gradients_for(xs, unconnected)
+    for i, x in enumerate(xs):
+        if not tf.is_symbolic_tensor(x):
+            continue
+        parts = [tf.ones_like(y) if dy is None else dy
+                 for y, dy in zip(ys, grad_ys) if y.ref() == x.ref()]
+        if parts:
+            results[i] = aggregate(parts)
+    return results
+
+
+def unconnected_gradients_for(xs, unconnected):
+    """What tf.gradients returns for xs no y depends on: None, or zeros."""
+    if unconnected == tf.UnconnectedGradients.ZERO:
+        return [tf.zeros_like(x) for x in xs]
+    return [None] * len(xs)
+
+
+@tf.autograph.experimental.do_not_convert
+def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kwargs):
+    """Gradients of `ys` with respect to `xs` that keep only some forward tensors.
+
+    A drop-in for `tf.gradients` inside a `tf.function`: the forward tensors not kept as
+    checkpoints are recomputed segment by segment during the backward pass, each segment
+    only once its incoming gradient exists. Results equal `tf.gradients` up to float
+    rounding.
+
+    Args:
+      ys: a tensor or list of tensors to differentiate (summed, like `tf.gradients`).
+      xs: a tensor, variable, or list of them.
+      grad_ys: optional incoming gradients, one per y.
+      checkpoints: `'memory'` (separators spaced by bytes, about sqrt(n) of them),
+        `'speed'` (outputs of matrix products and convolutions), `'collection'` (tensors
+        marked with `memgrad.checkpoint`), a list of tensors to keep, or
+        `memgrad.strategies.Budget(bytes_or_fraction)`: the least recomputation whose predicted
+        activation peak fits the budget.
+      name: a name scope for the gradient ops.
+      **kwargs: passed to `tf.gradients`: `gate_gradients`, `aggregation_method`,
+        `stop_gradients`, `unconnected_gradients`, `colocate_gradients_with_ops`.
+
+    Returns:
+      A list with one gradient (a tensor, `tf.IndexedSlices`, or None) per x.
+
+    Like `tf.gradients`, an x no y depends on gets None (or zeros with
+    `unconnected_gradients='zero'`), `xs=[]` gives `[]`, a repeated x gets its gradient at
+    every position, and an x computed inside the forward pass from other xs (an
+    intermediate tensor) gets the gradient reaching it while the xs upstream of it get
+    their whole gradient, including the part that flows through it.
+
+    Raises:
+      RuntimeError: when called eagerly.
+      ValueError: when a checkpoint is not a forward tensor, or `grad_ys` do not match ys
+        in number, shape or dtype.
+      memgrad.BudgetError: when no plan fits a `Budget`; it states the smallest that does.
+
+    Example:
+      ```python
+      @tf.function
+      def train_step(x, y):
+          loss = loss_fn(y, model(x, training=True))
+          grads = memgrad.gradients(loss, model.trainable_variables)
+          optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      ```
+    """
+    ys = _as_list(ys) or []
+    xs = _as_list(xs) or []
+    grad_ys = _as_list(grad_ys)
+    _check_inputs(ys, xs, grad_ys)
+    if grad_ys is None:
+        grad_ys = [None] * len(ys)
+    stop_gradients = _as_list(kwargs.pop("stop_gradients", None)) or []
+    unconnected = kwargs.pop("unconnected_gradients", tf.UnconnectedGradients.NONE)
+    unconnected = tf.UnconnectedGradients(unconnected)
+    if not xs:
+        return []
+    if not ys:
+        return unconnected_gradients_for(xs, unconnected)
+
+    view = ForwardGraph(ys, xs)
+    if not view.ops:
+        # No y depends on any x through an op. tf.gradients' answer: an x that is itself a
+        # y gets that y's incoming gradient (ones by default); any other x, None or zeros.
+        _record(mode="unconnected")
+        return _identity_gradients(ys, xs, grad_ys, unconnected)
+    plan = choose(view, checkpoints)
+    if not plan.tensors:
+        if plan.mode != "budget":  # a budget plain backprop fits needs nothing kept
+            warnings.warn(
+                f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
+                f"in a graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
+                stacklevel=2,
+            )
+        _record(mode=plan.mode, fallback=True, plan=plan)
+        return _TF_GRADIENTS_V1(
+            ys, xs, grad_ys=grad_ys, name=name, stop_gradients=stop_gradients or None,
+            unconnected_gradients=unconnected, **kwargs,
+        )
+    gradients_fn = functools.partial(
+        _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
+    with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
+        grads, rewrite = rewrite_gradients(
+            view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients
+        )
+        _record(
+            copied_ops=rewrite.copied_ops, segments=rewrite.segments,
+            gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
+            mode=plan.mode, estimated_bytes=plan.estimated_bytes, plan=plan,
+        )
+        if unconnected == tf.UnconnectedGradients.ZERO:
+            grads = [
+                tf.zeros_like(x) if g is None else g for g, x in zip(grads, xs)
+            ]
+    return grads
+
+
+@tf.autograph.experimental.do_not_convert
+def checkpoint(tensor):
+    """Mark a tensor for `checkpoints='collection'` and return it unchanged.
+
+    Inside a `tf.function` the tensor is added to the graph's `'checkpoints'` collection;
+    in eager mode nothing is recorded (there is no graph to rewrite).
+
+    Args:
+      tensor: a tensor computed in the forward pass.
+
+    Returns:
+      The same tensor.
+
+    Example:
+      ```python
+      h = memgrad.checkpoint(block(h))
+      ```
+    """
+    if tf.is_symbolic_tensor(tensor):
+        tensor.graph.add_to_collection(COLLECTION, tensor)
+    return tensor
+
+
+def _public_gradient_aliases():
+    """(module, name of TF's function) for every public API module exposing `gradients`.
+
+    TensorFlow exposes the same two functions under many names: `tf.gradients`,
+    `tf.compat.v2.gradients`, `tf.compat.v1.gradients`, `tf.compat.v1.compat.v1.gradients`,
+    `tensorflow.compat.v2.compat.v1.gradients` (what tf_keras calls), ... Internal modules
+    (`tensorflow.python...`) are left alone: TensorFlow's own code calls them.
+    """
+    for module in (tf.compat.v1, tf.compat.v2):  # load the lazily imported API modules
+        _ = module.compat.v1, module.compat.v2
+    seen = set()
+    for name, module in list(sys.modules.items()):
+        # An API module can sit in sys.modules under its generated name
+        # (tensorflow._api.v2.compat.v1) and under the name it was imported by
+        # (tensorflow.compat.v1): every name but TensorFlow's internals counts, once.
+        if module is None or id(module) in seen or not name.startswith("tensorflow"):
+            continue
+        if name.startswith("tensorflow.python") or name.startswith("tensorflow.core"):
+            continue
+        function = getattr(module, "__dict__", {}).get("gradients")
+        if function is _TF_GRADIENTS_V1 or function is _TF_GRADIENTS_V2:
+            seen.add(id(module))
+            yield name, module, function
+
+
+def _patched_version(original, checkpoints):
+    signature = inspect.signature(original)
+
+    # No functools.wraps: autograph follows `__wrapped__` and would call TensorFlow's own
+    # function instead of this one inside a tf.function.
+    def patched(*args, **kwargs):
+        # Bind against TensorFlow's own signature, so positional arguments past `name`
+        # (which differ between the v1 and v2 functions) keep their meaning.
+        try:
+            arguments = signature.bind(*args, **kwargs).arguments
+        except TypeError as error:
+            raise TypeError(f"{original.__module__}.gradients: {error}") from None
+        return gradients(checkpoints=checkpoints, **arguments)
+
+    patched.__name__ = original.__name__
+    patched.__doc__ = f"memgrad's checkpointed replacement for TensorFlow's {original.__name__}."
+    patched.__memgrad_original__ = original
+    return patched
+
+
+def monkey_patch(checkpoints="memory"):
+    """Replace every public alias of `tf.gradients` with a checkpointed version.
+
+    That covers `tf.gradients`, `tf.compat.v1.gradients` and the other names TensorFlow
+    exposes the same functions under (`tf.compat.v2.gradients`,
+    `tf.compat.v1.compat.v1.gradients`, `tensorflow.compat.v2.compat.v1.gradients`, which
+    tf_keras calls, ...). Code written for `tf.gradients` then saves memory unchanged.
+    `memgrad.unpatch()` restores TensorFlow's functions. Code that imported the function
+    itself before the patch (`from tensorflow import gradients`) keeps the original.
+    Calling it again changes the strategy.
+
+    Args:
+      checkpoints: the strategy every patched call uses (see `memgrad.gradients`).
+
+    Returns:
+      None.
+
+    Example:
+      ```python
+      memgrad.monkey_patch(checkpoints="memory")
+      grads = tf.gradients(loss, variables)   # now checkpointed
+      memgrad.unpatch()
+      ```
+    """
+    with _patch_lock:
+        if not _patched:
+            for name, module, original in _public_gradient_aliases():
+                _patched[name] = (module, original)
+        versions = {}
+        for module, original in _patched.values():
+            if original not in versions:
+                versions[original] = _patched_version(original, checkpoints)
+            module.gradients = versions[original]
+
+
+def unpatch():
+    """Restore TensorFlow's `tf.gradients` and every alias `monkey_patch` replaced.
+
+    Returns:
+      None.
+    """
+    with _patch_lock:
+        for module, original in _patched.values():
+            module.gradients = original
+        _patched.clear()

@@ -1,0 +1,377 @@
+"""The rewrite: gradients that recompute each segment between checkpoints from a copy.
+
+Given checkpoints (tensors to keep), the backward pass runs segment by segment, from the
+loss back to the inputs:
+
+1. The last segment (from the last checkpoints to `ys`) is differentiated on the original
+   ops, whose activations are still alive at that point; gradients stop at the
+   checkpoints (`stop_gradients`) and are collected for them.
+2. Each earlier group of checkpoints (a level of their topological order) has its segment
+   copied: the ops from the previous checkpoints up to the group are created again, reading
+   the kept checkpoints through fresh identity "ports". The gradient of the group is taken
+   from the copy with respect to the ports, so nothing in the original forward pass beyond
+   the checkpoints is referenced, and the original activations can be freed after the
+   forward pass.
+3. Every port and copied root op carries a control dependency on the group's incoming
+   gradient and on the previous segment's gradients, so the executor cannot recompute a
+   segment early, while the forward pass runs (it would then hold its memory for nothing).
+
+Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
+custom-gradient ops, resource ops) are never copied: their inputs and outputs become
+checkpoints and their gradient is taken on the original op.
+"""
+
+import collections
+import time
+
+import networkx as nx
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+from memgrad._src.checkpointing.aggregate import aggregate, dense
+from memgrad._src.graph.memory_model import gradient_function
+from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
+
+
+class _Rewrite:
+    def __init__(self, view, checkpoints, gradients_fn, kwargs, stop_gradients=()):
+        self.view = view
+        self.graph = view.graph
+        self._gradients_fn = gradients_fn
+        self.kwargs = kwargs
+        self.gradient_seconds = 0.0  # spent in TensorFlow's own gradient construction
+        self.copied_ops = 0
+        self.segments = 0
+        self.checkpoints = {}
+        self.dead = set()
+        for t in checkpoints:
+            self._add(t)
+        for t in stop_gradients:
+            if view.is_forward(t.op):
+                self._add(t)
+                self.dead.add(t.ref())
+        self._add_atomic_boundaries()
+        # An x computed inside the forward pass (an intermediate tensor, with other xs
+        # upstream of it) is kept like a checkpoint: its gradient is collected there and
+        # also passed further back, to the xs upstream. An x nothing upstream depends on
+        # (a graph input, a variable's handle) is a leaf: its gradient goes nowhere else.
+        for t in view.x_tensors:
+            if view.is_forward(t.op) and is_differentiable(t.dtype):
+                self._add(t)
+            else:
+                self.checkpoints.pop(t.ref(), None)
+        self._add_siblings()
+        self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
+        self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
+        self._segment_ops = {}  # checkpoint ref -> ops its recomputation copies
+
+    def gradients_fn(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._gradients_fn(*args, **kwargs)
+        finally:
+            self.gradient_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ checkpoint set
+    def _add(self, t):
+        self.checkpoints.setdefault(t.ref(), t)
+
+    def _add_atomic_boundaries(self):
+        view = self.view
+        for op in view.ops:
+            if view.recomputable(op) or is_variable_read(op):
+                continue
+            for t in op.inputs:
+                if t.dtype.is_floating and view.is_forward(t.op) and (
+                    view.variable_index_of_read(t) is None
+                ):
+                    self._add(t)
+            for t in op.outputs:
+                if t.dtype.is_floating and view.feeds_region(t):
+                    self._add(t)
+
+    def _add_siblings(self):
+        # Gradients are stopped per op, so a kept tensor's sibling outputs are kept too.
+        for t in list(self.checkpoints.values()):
+            if len(t.op.outputs) > 1:
+                for s in t.op.outputs:
+                    if s.dtype.is_floating and self.view.feeds_region(s):
+                        self._add(s)
+
+    # ------------------------------------------------------------------ segments
+    def _walk(self, seeds):
+        """Ops to recompute for `seeds`, back to the checkpoints; and the checkpoints met."""
+        view = self.view
+        seen, boundary = set(), {}
+        stack = [t.op for t in seeds]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for t in op.inputs:
+                ref = t.ref()
+                if ref in self.stop:
+                    boundary[ref] = t
+                elif view.walkable(t.op):
+                    stack.append(t.op)
+        return seen, boundary
+
+    def _levels(self):
+        """Checkpoint groups, each a level of their topological order, inputs first.
+
+        The walk made here for each checkpoint is kept: a group's segment is the union of
+        its members' walks.
+        """
+        preds = {}
+        for ref, t in self.checkpoints.items():
+            if self.view.recomputable(t.op):
+                self._segment_ops[ref], boundary = self._walk([t])
+                preds[ref] = {r for r in boundary if r in self.checkpoints}
+            else:
+                preds[ref] = {
+                    i.ref() for i in t.op.inputs if i.ref() in self.checkpoints
+                }
+            preds[ref].discard(ref)
+        order = nx.DiGraph()
+        order.add_nodes_from(preds)
+        order.add_edges_from((p, ref) for ref, before in preds.items() for p in before)
+        return [list(level) for level in nx.topological_generations(order)]
+
+    def _port_target(self, t):
+        """Does this kept tensor need a gradient (a checkpoint, an x, a read of an x)?"""
+        if not is_differentiable(t.dtype):
+            return False
+        ref = t.ref()
+        return (
+            ref in self.checkpoints
+            or self.view.x_index(t) is not None
+            or self.view.variable_index_of_read(t) is not None
+        )
+
+    def _copy(self, ops, gate):
+        graph = self.graph
+        mapping, op_mapping, ports = {}, {}, {}
+        with graph.control_dependencies(gate), tf.name_scope("recompute"):
+            for op in sorted(ops, key=self.order.__getitem__):
+                inputs = []
+                for t in op.inputs:
+                    ref = t.ref()
+                    if ref in mapping:
+                        inputs.append(mapping[ref])
+                    elif self._port_target(t):
+                        if ref not in ports:
+                            ports[ref] = (t, tf.identity(t, name="port"))
+                        inputs.append(ports[ref][1])
+                    else:
+                        inputs.append(t)
+                new = graph._create_op_internal(
+                    op.type,
+                    inputs,
+                    [o.dtype for o in op.outputs],
+                    name=op.name.split("/")[-1],
+                    attrs=dict(op.node_def.attr),
+                    op_def=op.op_def,
+                )
+                if op.device:
+                    new._set_device(op.device)
+                extra = [op_mapping.get(o, o) for o in op.control_inputs]
+                if extra:
+                    new._add_control_inputs(extra)
+                op_mapping[op] = new
+                for old, copy in zip(op.outputs, new.outputs):
+                    copy.set_shape(old.shape)
+                    mapping[old.ref()] = copy
+                self.copied_ops += 1
+        return mapping, list(ports.values())
+
+    # ------------------------------------------------------------------ gradients
+    def _x_ref(self, t):
+        """The ref of the x that `t` stands for (an x itself or a read of one), or None."""
+        index = self.view.x_index(t)
+        if index is None:
+            index = self.view.variable_index_of_read(t)
+        return None if index is None else self.view.x_tensors[index].ref()
+
+    def run(self, grad_ys):
+        view = self.view
+        kept = collections.defaultdict(list)  # checkpoint ref -> gradient parts
+        # Leaf x ref -> gradient parts; an x kept as a checkpoint collects in `kept`.
+        x_parts = collections.defaultdict(list)
+
+        def route(t, grad):
+            if grad is None:
+                return
+            ref = t.ref()
+            if ref in self.checkpoints:
+                kept[ref].append(grad)
+                return
+            x_ref = self._x_ref(t)
+            if x_ref is not None:
+                x_parts[x_ref].append(grad)
+
+        # The last segment, on the original ops.
+        final_ys, final_grads = [], []
+        for y, dy in zip(view.ys, grad_ys):
+            if y.ref() in self.checkpoints:
+                kept[y.ref()].append(dy if dy is not None else tf.ones_like(y))
+            else:
+                final_ys.append(y)
+                final_grads.append(dy)
+        kept_list = list(self.checkpoints.values())
+        floating = [t for t in kept_list if is_differentiable(t.dtype)]
+        # tf.gradients gives a function-call op it stops at a SymbolicGradient node (which
+        # fails for XLA-compiled functions such as Keras's grouped Conv2D) and adds its
+        # result to the inputs' gradients. So the last segment does not stop at a call's
+        # outputs: the gradient flows through the call's own gradient function to its
+        # inputs, which are kept. Gradients are linear, so parts reaching those outputs
+        # from earlier segments are carried back through the call separately, later.
+        through = {t.ref() for t in floating
+                   if is_function_call(t.op) and t.ref() not in self.dead}
+        stops = [t for t in floating if t.ref() not in through]
+        # Leaf xs, once each (a repeated x gets the same gradient at every position).
+        leaves = {}
+        for x, t in zip(view.xs, view.x_tensors):
+            if t.ref() not in self.checkpoints or t.ref() in through:
+                leaves.setdefault(t.ref(), x)
+        if final_ys:
+            sources = stops + list(leaves.values())
+            grads = self.gradients_fn(
+                final_ys, sources, grad_ys=final_grads, stop_gradients=stops,
+                **self.kwargs,
+            )
+            self.segments += 1
+            for t, grad in zip(stops, grads[: len(stops)]):
+                route(t, grad)
+            for ref, grad in zip(leaves, grads[len(stops):]):
+                if grad is not None:
+                    x_parts[ref].append(grad)
+
+        previous = []
+        for level in reversed(self._levels()):
+            group = [
+                self.checkpoints[r] for r in level
+                if r not in self.dead and kept.get(r)
+            ]
+            if not group:
+                continue
+            incoming = {t.ref(): dense(aggregate(kept[t.ref()])) for t in group}
+            direct = [t for t in group if self._differentiable_in_place(t.op)]
+            direct_refs = {t.ref() for t in direct}
+            regular = [t for t in group
+                       if view.recomputable(t.op) and t.ref() not in direct_refs]
+            atomic = [t for t in group if not view.recomputable(t.op)]
+            for op in {t.op: None for t in direct}:
+                for t, grad in self._gradient_in_place(op, incoming):
+                    route(t, grad)
+            if regular:
+                gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
+                ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
+                mapping, ports = self._copy(ops, [x for parts in gate for x in parts])
+                grads = self.gradients_fn(
+                    [mapping[t.ref()] for t in regular],
+                    [port for _, port in ports],
+                    grad_ys=[incoming[t.ref()] for t in regular],
+                    **self.kwargs,
+                )
+                self.segments += 1
+                previous = []
+                for (t, _), grad in zip(ports, grads):
+                    route(t, grad)
+                    if grad is not None:
+                        previous.append(_dense_parts(grad))
+            for op in {t.op: None for t in atomic}:
+                ins = [t for t in op.inputs if self._atomic_source(t)]
+                if not ins:
+                    continue
+                if gradient_function(op) is not None:
+                    # The op's own gradient function, called directly: tf.gradients with
+                    # the inputs as sources would stop at (and mishandle) a function call
+                    # that produced one of them.
+                    for t, grad in self._gradient_in_place(op, incoming, self._atomic_source):
+                        route(t, grad)
+                    continue
+                outs = [t for t in atomic if t.op is op]
+                grads = self.gradients_fn(
+                    outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
+                    stop_gradients=ins, **self.kwargs,
+                )
+                self.segments += 1
+                for t, grad in zip(ins, grads):
+                    route(t, grad)
+
+        results = []
+        for t in view.x_tensors:
+            ref = t.ref()
+            parts = (kept.get(ref, []) if ref in self.checkpoints else []) + x_parts.get(ref, [])
+            results.append(aggregate(parts) if parts else None)
+        return results
+
+    def _differentiable_in_place(self, op):
+        """Can `op`'s gradient be taken on the original op, with nothing recomputed?
+
+        True when every input it reads is kept anyway (a checkpoint, an x, a read, or a
+        tensor outside the recomputed region) and TensorFlow has a gradient function for it:
+        copying the op would only run it twice.
+        """
+        if not self.view.recomputable(op) or gradient_function(op) is None:
+            return False
+        for t in op.inputs:
+            if t.ref() in self.stop or not self.view.walkable(t.op):
+                continue
+            return False
+        return True
+
+    def _gradient_in_place(self, op, incoming, wanted=None):
+        """(input tensor, gradient) pairs of `op`, from its registered gradient function.
+
+        Only inputs for which `wanted(t)` holds are returned (default: `_port_target`).
+        """
+        out_grads = []
+        for i, out in enumerate(op.outputs):
+            grad = incoming.get(out.ref())
+            if grad is None and tf_internals.is_trainable_dtype(out) and (
+                tf_internals.supports_default_grad(out)
+            ):
+                # tf.gradients' own default: zeros for every trainable output, variants
+                # included. An If op that tf.gradients already differentiated outputs its
+                # intermediates as variants, and cond's gradient needs zeros for them.
+                grad = tf_internals.zeros_like_for_gradient(op, i)
+            out_grads.append(grad)
+        with tf.name_scope(op.name.split("/")[-1] + "_grad"):
+            in_grads = gradient_function(op)(op, *out_grads)
+        if not isinstance(in_grads, (list, tuple)):
+            in_grads = [in_grads]
+        self.segments += 1
+        wanted = wanted or self._port_target
+        return [(t, g) for t, g in zip(op.inputs, in_grads) if g is not None and wanted(t)]
+
+    def _atomic_source(self, t):
+        if t.dtype == tf.resource:
+            return self.view.x_index(t) is not None
+        return self._port_target(t)
+
+
+def _dense_parts(grad):
+    if isinstance(grad, tf.IndexedSlices):
+        return [grad.values, grad.indices]
+    return [grad]
+
+
+def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gradients=()):
+    """Gradients of `view.ys` with respect to `view.xs`, recomputing between checkpoints.
+
+    Args:
+      view: the `memgrad._src.graph.ForwardGraph` of the computation.
+      checkpoints: tensors to keep.
+      grad_ys: one incoming gradient (or None) per y.
+      gradients_fn: TensorFlow's own `tf.gradients`, used on each segment.
+      kwargs: further arguments for `gradients_fn` (`gate_gradients`, ...).
+      stop_gradients: tensors gradients must not flow through.
+
+    Returns:
+      A pair: one gradient (or None) per x, and the `_Rewrite` with its counters
+      (`copied_ops`, `segments`).
+    """
+    rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients)
+    return rewrite.run(grad_ys), rewrite

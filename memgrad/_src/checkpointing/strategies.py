@@ -1,0 +1,381 @@
+"""Checkpoint strategies: which forward tensors to keep for the backward pass.
+
+A strategy is a policy object with one method, ``plan(view) -> CheckpointPlan`` (the
+`Strategy` protocol); the rewrite recomputes everything the plan does not keep, segment by
+segment. The strings ``'memory'``, ``'speed'`` and ``'collection'`` and a list of tensors are
+aliases for `Memory()`, `Speed()`, `Collection()` and `Tensors(list)`.
+
+- `'memory'`: separators spaced by bytes. For each number of segments k it places k - 1
+  cuts near equal shares of the activation bytes, each at the cheapest cut in its window
+  (a single-tensor separator when there is one, else the smallest set of live tensors), and
+  keeps the k whose estimated peak (kept bytes plus the largest segment) is least. On a
+  uniform chain of n layers that is about sqrt(n) checkpoints.
+- `'speed'`: the inputs and outputs of expensive ops (matrix products, convolutions,
+  einsum), so only cheap ops are recomputed.
+- `'collection'`: the tensors marked with `memgrad.checkpoint(t)` or the `Checkpoint` layer.
+- a list of tensors: those (a checkpoint that only feeds a bias addition is moved past it,
+  see `_absorb_bias`).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src.graph.separators import cut_profile, single_tensor_separators
+from memgrad._src.graph.view import EXPENSIVE_TYPES
+
+COLLECTION = "checkpoints"
+MODES = ("memory", "speed", "collection")
+
+
+@dataclasses.dataclass
+class CheckpointPlan:
+    """What a strategy chose, with the estimates that led to it.
+
+    Attributes:
+      mode: the strategy's name (`'memory'`, `'speed'`, `'collection'` or `'list'`).
+      tensors: the checkpoints, in forward order.
+      separators: single-tensor separators found (filled by `'memory'`).
+      segments: the number of segments the checkpoints cut the forward into.
+      activation_bytes: estimated bytes of all activations (what plain backprop may keep).
+      estimated_bytes: estimated activation peak with this plan (kept checkpoints plus the
+        largest recomputed segment).
+      details: strategy-specific figures (a `Budget` records its budget, target, predicted
+        and plain peaks, recomputed FLOPs and planning time here).
+    """
+
+    mode: str
+    tensors: list
+    separators: list = dataclasses.field(default_factory=list)
+    segments: int = 1
+    activation_bytes: float = 0.0
+    estimated_bytes: float = 0.0
+    details: dict = dataclasses.field(default_factory=dict)
+
+
+# Ops that add a parameter to their input: a checkpoint is moved past them (see _absorb).
+_BIAS_TYPES = frozenset({"BiasAdd", "Add", "AddV2"})
+
+
+def _absorb_bias(view, tensors):
+    """Move each checkpoint that only feeds a bias addition to that addition's output.
+
+    Keeping `conv(x)` and recomputing `conv(x) + b` from it costs the same memory as
+    keeping `conv(x) + b`, and a checkpoint between a convolution and its bias would put
+    their gradients in two segments. oneDNN's graph pass fuses those two gradients
+    (Conv2DBackpropFilter with BiasAddGrad) into one node regardless, which then depends
+    on itself through the segment gate: a cycle. So checkpoints never split that pair.
+    """
+    moved = {}
+    for t in tensors:
+        while True:
+            consumers = [c for c in t.consumers() if view.is_forward(c)]
+            if len(consumers) != 1 or consumers[0].type not in _BIAS_TYPES:
+                break
+            op = consumers[0]
+            others = [i for i in op.inputs if i.ref() != t.ref()]
+            if len(others) != 1 or view.is_activation(others[0]):
+                break
+            t = op.outputs[0]
+        moved.setdefault(t.ref(), t)
+    return list(moved.values())
+
+
+def _plan_estimate(profile, cuts):
+    """Kept bytes (the union of the cuts' tensors) plus the largest segment's bytes."""
+    total = float(profile.produced[-1]) if len(profile.produced) else 0.0
+    if not len(cuts):
+        return total, total
+    cuts = np.asarray(sorted(cuts), dtype=np.int64)
+    first = np.searchsorted(cuts, profile.births)
+    kept_mask = first < len(cuts)
+    kept_mask[kept_mask] &= cuts[first[kept_mask]] < profile.deaths[kept_mask]
+    kept = float(profile.sizes[kept_mask].sum())
+    bounds = np.concatenate([[0.0], profile.produced[cuts], [total]])
+    largest = float(np.max(np.diff(bounds)))
+    return kept + largest, kept
+
+
+def _cuts_for(profile, segments):
+    produced, live = profile.produced, profile.live
+    n = len(produced)
+    total = float(produced[-1])
+    half = total / (2 * segments)
+    cuts = []
+    for j in range(1, segments):
+        target = total * j / segments
+        lo = int(np.searchsorted(produced, target - half, side="left"))
+        hi = int(np.searchsorted(produced, target + half, side="right"))
+        lo, hi = max(lo, 0), min(hi, n - 1)
+        if hi <= lo:
+            continue
+        window = live[lo:hi]
+        best = window.min()
+        candidates = np.flatnonzero(window <= best * 1.0001) + lo
+        pick = candidates[np.argmin(np.abs(produced[candidates] - target))]
+        cuts.append(int(pick))
+    return sorted(set(cuts))
+
+
+def memory_plan(view):
+    """Separators spaced by bytes, with the number of segments that minimises the estimate.
+
+    Args:
+      view: a `memgrad._src.graph.ForwardGraph`.
+
+    Returns:
+      A `CheckpointPlan`; its `tensors` are empty when no plan beats keeping everything.
+    """
+    separators = single_tensor_separators(view)
+    profile = cut_profile(view)
+    n = len(profile.ops)
+    total = float(profile.produced[-1]) if n else 0.0
+    best = (total, [], 1)
+    if n >= 3 and total > 0:
+        max_segments = min(n, 2 * int(math.isqrt(n)) + 3)
+        for segments in range(2, max_segments + 1):
+            cuts = _cuts_for(profile, segments)
+            if not cuts:
+                continue
+            estimate, _ = _plan_estimate(profile, cuts)
+            if estimate < best[0] * 0.999:
+                best = (estimate, cuts, segments)
+    estimate, cuts, _ = best
+    chosen = {}
+    for c in cuts:
+        for t in profile.cut(c):
+            chosen.setdefault(t.ref(), t)
+    order = {op: i for i, op in enumerate(profile.ops)}
+    tensors = _absorb_bias(view, list(chosen.values()))
+    tensors.sort(key=lambda t: (order.get(t.op, -1), t.value_index))
+    return CheckpointPlan(
+        mode="memory", tensors=tensors, separators=separators, segments=len(cuts) + 1,
+        activation_bytes=total, estimated_bytes=estimate,
+    )
+
+
+def _plan_from_tensors(view, mode, tensors, absorb=True):
+    if absorb:
+        tensors = _absorb_bias(view, tensors)
+    profile = cut_profile(view)
+    total = float(profile.produced[-1]) if len(profile.ops) else 0.0
+    position = {op: i for i, op in enumerate(profile.ops)}
+    cuts = sorted({position[t.op] for t in tensors if t.op in position})
+    estimate, _ = _plan_estimate(profile, cuts) if cuts else (total, total)
+    return CheckpointPlan(
+        mode=mode, tensors=list(tensors), segments=len(cuts) + 1, activation_bytes=total,
+        estimated_bytes=estimate,
+    )
+
+
+def speed_plan(view):
+    """Keep the inputs and outputs of expensive ops (MatMul, BatchMatMul, Conv*, Einsum).
+
+    Their gradients are then taken on the original ops, so no expensive op is run twice;
+    only the cheap ops between them (bias, normalisation, activations, residual sums) are
+    recomputed.
+    """
+    chosen = {}
+    for op in view.activation_ops:
+        if op.type in EXPENSIVE_TYPES:
+            for t in op.inputs:
+                if view.is_activation(t) and t.dtype.is_floating:
+                    chosen.setdefault(t.ref(), t)
+            for t in view.activation_outputs(op):
+                chosen.setdefault(t.ref(), t)
+    # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
+    # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
+    return _plan_from_tensors(view, "speed", list(chosen.values()), absorb=False)
+
+
+def collection_plan(view, collection=COLLECTION):
+    """Keep the tensors marked with `memgrad.checkpoint` that lie in this forward pass."""
+    marked = view.graph.get_collection(collection)
+    tensors = [t for t in marked if isinstance(t, tf.Tensor) and view.is_forward(t.op)]
+    if not tensors:
+        raise ValueError(
+            "checkpoints='collection' found no marked tensor between xs and ys. Mark "
+            "tensors with memgrad.checkpoint(t) or the memgrad.layers.Checkpoint layer "
+            f"inside the traced function. Received: {len(marked)} marked tensors in the "
+            "graph, none of them on a path from xs to ys."
+        )
+    return _plan_from_tensors(view, "collection", tensors)
+
+
+def list_plan(view, tensors):
+    """Keep exactly the given tensors; each must be a forward tensor of this graph."""
+    checked = []
+    for t in tensors:
+        if not tf.is_symbolic_tensor(t):
+            raise TypeError(
+                "checkpoints must be 'memory', 'speed', 'collection' or a list of graph "
+                f"tensors. Received an element of type {type(t).__name__}: {t!r}"
+            )
+        if t.graph is not view.graph:
+            raise ValueError(
+                f"Checkpoint {t.name} belongs to another graph than ys. Received a tensor "
+                "from a different tf.function or graph."
+            )
+        if not view.is_forward(t.op):
+            raise ValueError(
+                f"Checkpoint {t.name} is not on a path from xs to ys, so it cannot split "
+                "the backward pass. Expected tensors computed from xs that ys depend on."
+            )
+        checked.append(t)
+    return _plan_from_tensors(view, "list", checked)
+
+
+class Strategy:
+    """The protocol every checkpoint strategy follows: ``plan(view) -> CheckpointPlan``.
+
+    ``view`` is the read-only `ForwardGraph` of the traced forward pass between ``xs`` and
+    ``ys``; the plan names the tensors to keep. `memgrad.gradients`, `memgrad.GradientTape`,
+    `memgrad.enable_checkpointing` and `memgrad.analyze` accept any object with this method,
+    so a user policy is a subclass (or any class) defining ``plan``.
+
+    Example:
+      ```python
+      class EveryMatMulOutput(memgrad.strategies.Strategy):
+          name = "matmuls"
+
+          def plan(self, view):
+              kept = [op.outputs[0] for op in view.activation_ops if op.type == "MatMul"]
+              return memgrad.strategies.Tensors(kept).plan(view)
+      ```
+    """
+
+    name = "strategy"
+
+    def plan(self, view):  # pragma: no cover - the protocol
+        """Returns the `CheckpointPlan` for ``view`` (a `ForwardGraph`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define plan(view)")
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class Memory(Strategy):
+    """Least memory: separators spaced by bytes, about sqrt(n) checkpoints on a chain of n.
+
+    Caveats: under XLA (``jit_compile=True``) the recomputation may be merged back into the
+    forward pass; stateful ops (random ops without a seed) are recomputed with new values.
+
+    Example:
+      ```python
+      grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Memory())
+      ```
+    """
+
+    name = "memory"
+
+    def plan(self, view):
+        """Returns the plan (see `memory_plan`)."""
+        return memory_plan(view)
+
+
+class Speed(Strategy):
+    """Least recomputation: keep the inputs and outputs of expensive ops (matmuls, convs).
+
+    Example:
+      ```python
+      grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Speed())
+      ```
+    """
+
+    name = "speed"
+
+    def plan(self, view):
+        """Returns the plan (see `speed_plan`)."""
+        return speed_plan(view)
+
+
+class Collection(Strategy):
+    """Keep the tensors marked with `memgrad.checkpoint` or the `memgrad.layers.Checkpoint` layer.
+
+    Args:
+      collection: the graph collection holding the marks (default ``"checkpoints"``).
+
+    Example:
+      ```python
+      h = memgrad.checkpoint(tf.tanh(x @ w))
+      grads = memgrad.gradients(loss, [w], checkpoints=memgrad.strategies.Collection())
+      ```
+    """
+
+    name = "collection"
+
+    def __init__(self, collection=COLLECTION):
+        self.collection = collection
+
+    def plan(self, view):
+        """Returns the plan of the marked tensors found in ``view``."""
+        return collection_plan(view, self.collection)
+
+    def __repr__(self):
+        return f"Collection({self.collection!r})"
+
+
+class Tensors(Strategy):
+    """Keep exactly these graph tensors (each must be computed from xs and needed by ys).
+
+    Args:
+      tensors: a list of symbolic tensors of the traced graph.
+
+    Example:
+      ```python
+      grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Tensors([h1, h2]))
+      ```
+    """
+
+    name = "list"
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+
+    def plan(self, view):
+        """Returns the plan keeping ``tensors``."""
+        return list_plan(view, self.tensors)
+
+    def __repr__(self):
+        return f"Tensors(<{len(self.tensors)} tensors>)"
+
+
+ALIASES = {"memory": Memory, "speed": Speed, "collection": Collection}
+
+
+def as_strategy(checkpoints):
+    """The policy object for a ``checkpoints`` argument: a `Strategy`, a string alias or a list.
+
+    Args:
+      checkpoints: ``'memory'``, ``'speed'``, ``'collection'``, a list of tensors, or an
+        object with a ``plan(view)`` method.
+
+    Returns:
+      An object with a ``plan(view)`` method.
+
+    Raises:
+      ValueError: for an unknown string.
+      TypeError: for anything else.
+    """
+    if isinstance(checkpoints, str):
+        if checkpoints in ALIASES:
+            return ALIASES[checkpoints]()
+        raise ValueError(
+            f"checkpoints must be one of {MODES}, a list of tensors or a strategy such as "
+            f"memgrad.strategies.Budget('1GiB'). Received: {checkpoints!r}"
+        )
+    if isinstance(checkpoints, (list, tuple)):
+        return Tensors(checkpoints)
+    if callable(getattr(checkpoints, "plan", None)):
+        return checkpoints
+    raise TypeError(
+        f"checkpoints must be one of {MODES}, a list of tensors or a strategy such as "
+        f"memgrad.strategies.Budget('1GiB'). Received: {type(checkpoints).__name__}"
+    )
+
+
+def choose(view, checkpoints):
+    """The `CheckpointPlan` of ``checkpoints`` (any form `as_strategy` accepts) for ``view``."""
+    return as_strategy(checkpoints).plan(view)

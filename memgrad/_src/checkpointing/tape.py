@@ -1,0 +1,114 @@
+"""`memgrad.GradientTape`: a drop-in for `tf.GradientTape` whose gradients are checkpointed."""
+
+import warnings
+
+import tensorflow as tf
+
+from memgrad._src.checkpointing.api import gradients, unconnected_gradients_for
+
+_warned_eager = []
+
+
+def _variable_of(source):
+    """The `tf.Variable` a source stands for (itself, or a Keras 3 variable's), or None."""
+    if isinstance(source, tf.Variable):
+        return source
+    if isinstance(source, tf.Tensor):  # tensors first: `.value` means something else there
+        return None
+    value = getattr(source, "value", None)  # a Keras 3 variable wraps a tf.Variable
+    return value if isinstance(value, tf.Variable) else None
+
+
+class GradientTape(tf.GradientTape):
+    """A `tf.GradientTape` whose `gradient` recomputes activations instead of keeping them.
+
+    Inside a `tf.function` (where training steps run), `tape.gradient(target, sources)`
+    calls `memgrad.gradients` on the traced graph with the tape's `checkpoints` strategy.
+    In eager mode there is no graph to rewrite, so the tape behaves exactly like
+    `tf.GradientTape` (and warns once).
+
+    Inside a graph, tensor sources are differentiated like `tf.gradients` does, whether or
+    not the tape watched them; variables behave as with `tf.GradientTape`: one the tape did
+    not watch (with `watch_accessed_variables=False`, one not passed to `watch`) gets None.
+    A non-persistent tape computes one set of gradients; a second `gradient` call raises.
+
+    Args:
+      persistent: as for `tf.GradientTape`.
+      watch_accessed_variables: as for `tf.GradientTape`.
+      checkpoints: the strategy: `'memory'`, `'speed'`, `'collection'`, a list of
+        tensors, or a `memgrad.strategies.Budget` (see `memgrad.gradients`).
+
+    Example:
+      ```python
+      @tf.function
+      def train_step(x, y):
+          with memgrad.GradientTape(checkpoints="memory") as tape:
+              loss = loss_fn(y, model(x, training=True))
+          grads = tape.gradient(loss, model.trainable_variables)
+          optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      ```
+    """
+
+    def __init__(self, persistent=False, watch_accessed_variables=True, checkpoints="memory"):
+        super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed_variables)
+        self.checkpoints = checkpoints
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """Gradients of `target` with respect to `sources` (same contract as tf.GradientTape).
+
+        Args:
+          target: a tensor or nested structure of tensors to differentiate.
+          sources: a tensor, variable, or nested structure of them.
+          output_gradients: optional incoming gradients, one per target.
+          unconnected_gradients: `'none'` or `'zero'`.
+
+        Returns:
+          Gradients with the structure of `sources`.
+        """
+        if tf.executing_eagerly():
+            if not _warned_eager:
+                _warned_eager.append(True)
+                warnings.warn(
+                    "memgrad.GradientTape is running eagerly, where there is no graph to "
+                    "rewrite: gradients are plain tf.GradientTape gradients. Run the step "
+                    "in a tf.function to checkpoint.",
+                    stacklevel=2,
+                )
+            return super().gradient(
+                target, sources, output_gradients=output_gradients,
+                unconnected_gradients=unconnected_gradients,
+            )
+        if self._tape is None:
+            # tf.GradientTape's own rule and message.
+            raise RuntimeError(
+                "A non-persistent GradientTape can only be used to compute one set of "
+                "gradients (or jacobians)"
+            )
+        if self._recording and not self._persistent:
+            self._pop_tape()
+        flat_targets = tf.nest.flatten(target)
+        flat_sources = tf.nest.flatten(sources, expand_composites=False)
+        grad_ys = None
+        if output_gradients is not None:
+            grad_ys = tf.nest.flatten(output_gradients)
+        # Like tf.GradientTape, a variable the tape did not watch gets no gradient (with
+        # watch_accessed_variables=False, only variables passed to `watch` are watched).
+        watched = {v.ref() for v in self.watched_variables()}
+        variables = [_variable_of(s) for s in flat_sources]
+        unwatched = [v is not None and v.ref() not in watched for v in variables]
+        wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
+        if not self._persistent:
+            self._tape = None
+        grads = iter(gradients(
+            flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
+            unconnected_gradients=unconnected_gradients,
+        ) if wanted else [])
+        # An unwatched variable is unconnected, so it gets what an unconnected x gets.
+        unconnected = tf.UnconnectedGradients(unconnected_gradients)
+        results = [
+            unconnected_gradients_for([s], unconnected)[0] if skip else next(grads)
+            for s, skip in zip(flat_sources, unwatched)
+        ]
+        return tf.nest.pack_sequence_as(sources, results)

@@ -1,0 +1,318 @@
+"""A cost model of the backward pass: which tensors gradients read, and what a plan costs.
+
+Plain backprop keeps a forward tensor only if some gradient function reads it (ReLU's
+gradient reads its output, a matrix product's reads its inputs, an addition's reads
+neither). `gradient_reads` finds out by calling TensorFlow's registered gradient function
+on a copy of the op in a scratch graph and looking at what the gradient ops consume, so it
+follows TensorFlow's own gradients rather than a table of ours.
+
+`MemoryModel` turns that into prefix sums over the activation ops' topological order (the
+order of `memgrad._src.graph.cut_profile`), from which the predicted activation peak and the
+recomputed FLOPs of any set of cut positions follow in O(1) per segment:
+
+- segment (a, b] recomputed in backward: kept tensors of the cuts before it, plus the
+  tensors of the segment that gradients read, plus the gradient working set of its widest
+  op, plus the parameter gradients already made by the segments after it;
+- the last segment runs on the original ops, with every kept tensor alive.
+
+The peak of a plan is the largest of these. `predict` evaluates one plan;
+`memgrad._src.checkpointing.budget` searches over plans.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+from memgrad._src.graph.separators import cut_profile
+
+# Consumers that read only a tensor's shape, never its values.
+_SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
+# Elementwise ops: TensorFlow's executor lets their gradient write into the incoming
+# gradient's buffer when nothing else holds it, so their working set is the wider side.
+ELEMENTWISE_TYPES = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Softsign",
+    "Exp", "Log", "Square", "Sqrt", "Rsqrt", "Neg", "Abs", "Identity", "BiasAdd", "Add",
+    "AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Cast", "Erf", "Gelu",
+})
+
+
+def gradient_function(op):
+    """TensorFlow's registered gradient function for `op`, or None if it has none."""
+    try:
+        return tf_internals.get_gradient_function(op)
+    except LookupError:
+        return None
+
+
+def _signature(op):
+    attrs = tuple(sorted((k, v.SerializeToString()) for k, v in op.node_def.attr.items()
+                         if not k.startswith("_")))
+    inputs = tuple((t.dtype.name, t.shape.rank) for t in op.inputs)
+    return op.type, attrs, inputs
+
+
+_probe_cache = {}
+
+
+def gradient_reads(op):
+    """Which inputs and outputs of `op` its registered gradient function reads.
+
+    Args:
+      op: a graph operation.
+
+    Returns:
+      A pair of frozensets: indices of inputs read, indices of outputs read. Reading only
+      a shape (Shape, ZerosLike, ...) does not count. Ops without a gradient function read
+      nothing; when the probe fails, every floating input and output counts as read.
+
+    Example:
+      ```python
+      gradient_reads(relu_op)     # (frozenset(), frozenset({0})): ReLU reads its output
+      gradient_reads(matmul_op)   # (frozenset({0, 1}), frozenset()): both inputs
+      ```
+    """
+    key = _signature(op)
+    if key in _probe_cache:
+        return _probe_cache[key]
+    result = _probe(op)
+    _probe_cache[key] = result
+    return result
+
+
+@tf.autograph.experimental.do_not_convert
+def _probe(op):
+    if gradient_function(op) is None or not any(
+        t.dtype.is_floating for t in op.outputs
+    ):
+        return frozenset(), frozenset()
+    everything = (
+        frozenset(i for i, t in enumerate(op.inputs) if t.dtype.is_floating),
+        frozenset(i for i, t in enumerate(op.outputs) if t.dtype.is_floating),
+    )
+    scratch = tf.Graph()
+    try:
+        with scratch.as_default():
+            inputs = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.inputs]
+            copy = scratch._create_op_internal(
+                op.type, inputs, [t.dtype for t in op.outputs],
+                attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")},
+                op_def=op.op_def,
+            )
+            for old, new in zip(op.outputs, copy.outputs):
+                new.set_shape(old.shape)
+            grads = [
+                tf.compat.v1.placeholder(t.dtype, t.shape) if t.dtype.is_floating else None
+                for t in copy.outputs
+            ]
+            first = len(scratch.get_operations())
+            gradient_function(op)(copy, *grads)
+            read = set()
+            for g_op in scratch.get_operations()[first:]:
+                if g_op.type not in _SHAPE_ONLY:
+                    read.update(t.ref() for t in g_op.inputs)
+    except Exception:  # noqa: BLE001 - an unknown gradient: assume it reads everything
+        # Reading the created ops' inputs can fail too: a cond's gradient (StatelessIf)
+        # makes ops that refer to functions the scratch graph does not hold (KeyError).
+        return everything
+    return (
+        frozenset(i for i, t in enumerate(inputs) if t.ref() in read),
+        frozenset(i for i, t in enumerate(copy.outputs) if t.ref() in read),
+    )
+
+
+class MemoryModel:
+    """Predicted activation peak and recomputation cost of checkpoint plans on one graph.
+
+    Positions are indices into `profile.ops` (activation ops in topological order); a cut
+    at position p separates ops[..p] from ops[p+1..] and keeps `profile.cut(p)`.
+
+    Args:
+      view: a `memgrad._src.graph.ForwardGraph`.
+
+    Attributes:
+      profile: the `CutProfile` of the view.
+      saved: saved[p] is the bytes of tensors born at position p that a gradient reads.
+      work: work[p] is the gradient working set of op p: its outputs' and activation
+        inputs' gradients, alive together while its gradient runs (the larger of the two
+        for elementwise ops, whose gradient reuses the incoming buffer).
+      param_grads: param_grads[p] is the bytes of parameter gradients op p's gradient makes.
+      flops: flops[p] is op p's forward cost.
+      forced_bytes: bytes of tensors every plan keeps (inputs and outputs of ops that
+        cannot be re-run: stateful, function-calling, custom-gradient ops).
+
+    Example:
+      ```python
+      model = MemoryModel(ForwardGraph([loss], variables))   # inside a tf.function
+      plain_peak, _ = model.predict([])
+      peak, recomputed_flops = model.predict([10, 20, 30])   # cuts after ops 10, 20, 30
+      ```
+    """
+
+    def __init__(self, view):
+        self.view = view
+        profile = self.profile = cut_profile(view)
+        ops = profile.ops
+        n = len(ops)
+        position = {op: i for i, op in enumerate(ops)}
+        index = {t.ref(): j for j, t in enumerate(profile.tensors)}
+        read = np.zeros(len(profile.tensors), dtype=bool)
+        self._forced = np.zeros(len(profile.tensors), dtype=bool)
+        work = np.zeros(n)
+        param_grads = np.zeros(n)
+
+        def activations(tensors, reads):
+            """Bytes of the activations among `tensors`; marks those a gradient reads."""
+            total = 0.0
+            for i, t in enumerate(tensors):
+                j = index.get(t.ref())
+                if j is not None:
+                    total += profile.sizes[j]
+                    read[j] |= i in reads
+            return total
+
+        for p, op in enumerate(ops):
+            in_reads, out_reads = gradient_reads(op)
+            in_bytes = activations(op.inputs, in_reads)
+            out_bytes = activations(op.outputs, out_reads)
+            elementwise = op.type in ELEMENTWISE_TYPES
+            work[p] = max(in_bytes, out_bytes) if elementwise else in_bytes + out_bytes
+            param_grads[p] = sum(
+                view.tensor_bytes(t) for t in op.inputs
+                if t.ref() not in index and t.dtype.is_floating and view.is_forward(t.op))
+            if not view.recomputable(op):
+                for t in (*op.inputs, *op.outputs):
+                    if t.ref() in index:
+                        self._forced[index[t.ref()]] = True
+        saved = np.zeros(n)
+        np.add.at(saved, profile.births[read], profile.sizes[read])
+        self.saved = saved
+        self.work = work
+        self.param_grads = param_grads
+        self.flops = np.array([view.op_flops(op) for op in ops], dtype=np.float64)
+        self.forced_bytes = float(profile.sizes[self._forced].sum())
+        # Prefix sums: S[p + 1] = sum over positions <= p.
+        self.saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
+        self.flops_prefix = np.concatenate([[0.0], np.cumsum(self.flops)])
+        self.param_suffix = np.concatenate([np.cumsum(param_grads[::-1])[::-1], [0.0]])
+        self.n = n
+        self.position = position
+        # Gradient partials: a tensor consumed by several ops receives one gradient per
+        # consumer, and TensorFlow sums them only when the last arrives, at the producer.
+        # The partial from consumer c of a tensor born at p is alive while backward is
+        # between them: positions q with p < q < c. One edge per (tensor, consumer).
+        e_birth, e_consumer, e_size = [], [], []
+        for j, t in enumerate(profile.tensors):
+            for c in t.consumers():
+                q = position.get(c)
+                if q is not None and q > profile.births[j]:
+                    e_birth.append(profile.births[j])
+                    e_consumer.append(q)
+                    e_size.append(profile.sizes[j])
+        self._e_birth = np.asarray(e_birth, dtype=np.int64)
+        self._e_consumer = np.asarray(e_consumer, dtype=np.int64)
+        self._e_size = np.asarray(e_size, dtype=np.float64)
+        delta = np.zeros(n + 1)
+        np.add.at(delta, self._e_birth + 1, self._e_size)
+        np.add.at(delta, self._e_consumer, -self._e_size)
+        self._pending_all = np.cumsum(delta)[:n]
+        self._tops = {}
+
+    # ------------------------------------------------------------------ plans
+    def cut_bytes(self, p):
+        """Bytes of the tensors alive across the cut after position p (not forced)."""
+        pr = self.profile
+        mask = (pr.births <= p) & (pr.deaths > p) & ~self._forced
+        return float(pr.sizes[mask].sum())
+
+    def new_bytes(self, a, b):
+        """Bytes the cut at b adds to the kept set when the previous cut is at a."""
+        pr = self.profile
+        mask = (pr.births > a) & (pr.births <= b) & (pr.deaths > b) & ~self._forced
+        return float(pr.sizes[mask].sum())
+
+    def backward_tops(self, b):
+        """tops[q] = the most gradient bytes at any position q <= r <= b of the backward,
+        for a segment ending at b.
+
+        At position r the backward holds the gradient partials still waiting for their
+        producer (pending edges, with those from beyond b replaced by the one incoming
+        gradient of each tensor crossing b) and op r's own gradient working set. The
+        segment's saved tensors are counted in full on top (see `segment_bytes`): they are
+        freed as the backward passes them, but not always before the widest step.
+        """
+        tops = self._tops.get(b)
+        if tops is not None:
+            return tops
+        n = self.n
+        pr = self.profile
+        beyond = (self._e_birth <= b) & (self._e_consumer > b)
+        crossing = (pr.births <= b) & (pr.deaths > b)
+        # Both are alive for positions q > birth: cumulative sums over the birth.
+        correction = np.bincount(pr.births[crossing] + 1, weights=pr.sizes[crossing],
+                                 minlength=n + 1)
+        correction -= np.bincount(self._e_birth[beyond] + 1, weights=self._e_size[beyond],
+                                  minlength=n + 1)
+        pending = self._pending_all[: b + 1] + np.cumsum(correction)[: b + 1]
+        tops = np.maximum.accumulate((pending + self.work[: b + 1])[::-1])[::-1]
+        if len(self._tops) > 4096:
+            self._tops.clear()
+        self._tops[b] = tops
+        return tops
+
+    def segment_bytes(self, a, b, final=False):
+        """Predicted peak of segment (a, b]'s backward, above the tensors kept before it.
+
+        Its saved tensors, gradient partials and widest gradient step at the worst
+        position; for a recomputed segment, also the parameter gradients of all later ops.
+        """
+        if b <= a:
+            return 0.0
+        saved = self.saved_prefix[b + 1] - self.saved_prefix[a + 1]
+        local = float(self.backward_tops(b)[a + 1] + saved)
+        later = 0.0 if final else self.param_suffix[b + 1]
+        return local + later
+
+    def segment_flops(self, a, b):
+        """FLOPs recomputed for segment (a, b]; a single op is differentiated in place."""
+        if b - a <= 1:
+            return 0.0
+        return float(self.flops_prefix[b + 1] - self.flops_prefix[a + 1])
+
+    def predict(self, cuts):
+        """Predicted activation peak and recomputed FLOPs of cuts at the given positions.
+
+        Args:
+          cuts: positions (indices into `profile.ops`), any order.
+
+        Returns:
+          `(peak_bytes, recomputed_flops)`.
+        """
+        cuts = sorted(set(int(c) for c in cuts if 0 <= c < self.n - 1))
+        kept = self.forced_bytes
+        peak, flops, a = 0.0, 0.0, -1
+        for b in cuts:
+            peak = max(peak, kept + self.segment_bytes(a, b))
+            flops += self.segment_flops(a, b)
+            kept += self.new_bytes(a, b)
+            a = b
+        peak = max(peak, kept + self.segment_bytes(a, self.n - 1, final=True))
+        return peak, flops
+
+    def tensors_for(self, cuts):
+        """The tensors kept by cuts at the given positions, in forward order."""
+        chosen = {}
+        for c in sorted(set(cuts)):
+            for t in self.profile.cut(c):
+                chosen.setdefault(t.ref(), t)
+        return list(chosen.values())
+
+    def positions_of(self, tensors):
+        """Cut positions at the producers of `tensors`.
+
+        `predict` of these positions assumes every tensor alive at each position is kept,
+        which is what keeping `tensors` means when each is a separator (chains, residual
+        sums). For tensors that are not (one feature map inside a dense block) the rewrite
+        recomputes more than that, and the prediction is too low.
+        """
+        return sorted({self.position[t.op] for t in tensors if t.op in self.position})
+

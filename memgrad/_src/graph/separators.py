@@ -1,0 +1,104 @@
+"""Separators of the activation flow: single tensors, and small sets of tensors (cuts).
+
+A separator is a set of tensors every path from the inputs to the loss crosses. Keeping a
+separator is enough to recompute everything after it, which is what makes a checkpoint
+cheap. A single-tensor separator (an articulation point of the flow) is found with
+dominators: a tensor dominates the sink if every path from the source reaches the sink
+through it. Graphs with skip connections that span many layers (DenseNet blocks, U-Net)
+have few of those, so we also offer cuts: the set of tensors alive between two consecutive
+ops of a topological order. Every such set is a separator; its bytes say what it costs.
+"""
+
+import dataclasses
+
+import networkx as nx
+import numpy as np
+import tensorflow as tf
+
+
+@tf.autograph.experimental.do_not_convert
+def single_tensor_separators(view):
+    """Tensors every path from the inputs to `ys` goes through, in forward order.
+
+    Args:
+      view: a `memgrad._src.graph.ForwardGraph`.
+
+    Returns:
+      A list of graph tensors, ordered from the inputs towards `ys`.
+    """
+    g = view.networkx()
+    if view.SINK not in g or not nx.has_path(g, view.SOURCE, view.SINK):
+        return []
+    idom = nx.immediate_dominators(g, view.SOURCE)
+    names = []
+    node = view.SINK
+    while node != view.SOURCE:
+        node = idom[node]
+        if g.nodes[node].get("kind") == "tensor":
+            names.append(node)
+    names.reverse()
+    return [view.graph.get_tensor_by_name(n) for n in names]
+
+
+@dataclasses.dataclass
+class CutProfile:
+    """Live activation bytes between consecutive activation ops of a topological order.
+
+    Attributes:
+      ops: activation ops in topological (creation) order.
+      produced: produced[i] is the activation bytes made by ops[0..i] (cumulative).
+      live: live[i] is the bytes of tensors made by ops[0..i] and still needed by a later op
+        (the cut after op i).
+      births, deaths: per tensor, the positions of its producer and its last consumer.
+      tensors: the activation tensors, aligned with births and deaths.
+    """
+
+    ops: list
+    produced: np.ndarray
+    live: np.ndarray
+    births: np.ndarray
+    deaths: np.ndarray
+    tensors: list
+    sizes: np.ndarray
+
+    def cut(self, i):
+        """The tensors alive across the cut after op `i`: a separator."""
+        mask = (self.births <= i) & (self.deaths > i)
+        return [self.tensors[j] for j in np.flatnonzero(mask)]
+
+
+@tf.autograph.experimental.do_not_convert
+def cut_profile(view):
+    """Live bytes at every position of the activation ops' topological order.
+
+    Args:
+      view: a `memgrad._src.graph.ForwardGraph`.
+
+    Returns:
+      A `CutProfile`.
+    """
+    ops = view.activation_ops
+    position = {op: i for i, op in enumerate(ops)}
+    end = len(ops)
+    tensors, births, deaths, sizes = [], [], [], []
+    produced = np.zeros(end, dtype=np.float64)
+    for i, op in enumerate(ops):
+        for t in view.activation_outputs(op):
+            last = max((position[c] for c in t.consumers() if c in position), default=i)
+            if t.ref() in view.y_refs:
+                last = end
+            size = view.tensor_bytes(t)
+            tensors.append(t)
+            births.append(i)
+            deaths.append(last)
+            sizes.append(size)
+            produced[i] += size
+    births = np.asarray(births, dtype=np.int64)
+    deaths = np.asarray(deaths, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.float64)
+    delta = np.zeros(end + 1, dtype=np.float64)
+    if len(tensors):
+        np.add.at(delta, births, sizes)
+        np.add.at(delta, np.minimum(deaths, end), -sizes)
+    live = np.cumsum(delta)[:end]
+    return CutProfile(ops, np.cumsum(produced), live, births, deaths, tensors, sizes)

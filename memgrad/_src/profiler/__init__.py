@@ -1,0 +1,32 @@
+"""memgrad's measuring instrument: peak memory of a call, what is alive at the peak, an emulated small device."""
+
+from memgrad._src.profiler.emulated import BatchSearch, CappedRun, CappedRunError, max_batch_size, run_capped
+from memgrad._src.profiler.measure import (
+    MemoryStatsUnavailableError,
+    default_device,
+    exact_cpu_stats_enabled,
+    measure,
+    resolve_device,
+)
+from memgrad._src.profiler.live import LiveTensor, PeakTensors, largest_live_tensors
+from memgrad._src.profiler.report import MemoryReport
+from memgrad._src.units import format_bytes, parse_bytes
+
+__all__ = [
+    "BatchSearch",
+    "CappedRun",
+    "CappedRunError",
+    "MemoryReport",
+    "MemoryStatsUnavailableError",
+    "default_device",
+    "exact_cpu_stats_enabled",
+    "format_bytes",
+    "largest_live_tensors",
+    "LiveTensor",
+    "PeakTensors",
+    "max_batch_size",
+    "measure",
+    "parse_bytes",
+    "resolve_device",
+    "run_capped",
+]

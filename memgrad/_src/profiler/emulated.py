@@ -1,0 +1,261 @@
+"""An emulated small device: run a workload in a subprocess whose CPU allocator is capped.
+
+TensorFlow's CPU allocator can be replaced by the BFC allocator with a hard limit
+(``TF_CPU_ALLOCATOR_USE_BFC=true``, ``TF_CPU_BFC_MEM_LIMIT_IN_MB=N``); an allocation
+past the limit raises ``ResourceExhaustedError``, just as on a GPU that is full.
+The variables must be set before TensorFlow is imported, hence the subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from memgrad._src.units import format_bytes, parse_bytes
+
+RESULT_MARKER = "MEMGRAD_CAPPED_RESULT "
+
+
+class CappedRunError(RuntimeError):
+    """The workload failed in its subprocess for a reason other than running out of memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CappedRun:
+    """The outcome of one run on the emulated device.
+
+    Attributes:
+      target: the ``module:function`` that ran.
+      kwargs: the keyword arguments it was called with.
+      limit_bytes: the allocator cap.
+      fits: ``True`` if the call finished, ``False`` if it ran out of memory.
+      peak_bytes: the allocator's peak (for a run that fits), else ``None``.
+      message: the out-of-memory message for a run that did not fit.
+      wall_time_s: wall time of the whole subprocess, TensorFlow's import included.
+    """
+
+    target: str
+    kwargs: dict
+    limit_bytes: int
+    fits: bool
+    peak_bytes: int | None
+    message: str
+    wall_time_s: float
+
+    def __str__(self) -> str:
+        outcome = f"fits (peak {format_bytes(self.peak_bytes)})" if self.fits else "out of memory"
+        return f"{self.target}({self.kwargs}) under {format_bytes(self.limit_bytes)}: {outcome}"
+
+
+def _check_target(target) -> str:
+    if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
+        raise ValueError(
+            "Expected the workload as an importable 'module:function' string, e.g. "
+            f"'memgrad._src.profiler.workloads:mlp_training_step'. Received: {target!r}"
+        )
+    return target
+
+
+def _limit_in_mib(limit) -> int:
+    limit_bytes = parse_bytes(limit)
+    limit_mib = limit_bytes // 2**20
+    if limit_mib < 1:
+        raise ValueError(f"Expected a memory limit of at least 1 MiB. Received: {limit!r}")
+    return limit_mib
+
+
+def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
+    """Runs ``target(**kwargs)`` in a subprocess whose CPU allocator is capped at ``limit``.
+
+    The subprocess sees no GPU, so the same run emulates a device of ``limit``
+    bytes on any machine. Everything TensorFlow allocates there counts towards the
+    cap, its runtime's own buffers included.
+
+    Args:
+      target: ``'module:function'``; the module must be importable with the
+        caller's ``sys.path``. The function may return nothing.
+      limit: the cap, in bytes or as a string such as ``'256MiB'`` (rounded down
+        to whole MiB, at least 1 MiB).
+      kwargs: JSON-serialisable keyword arguments for the function.
+      timeout: seconds before the subprocess is killed.
+
+    Returns:
+      A `CappedRun`; ``fits`` says whether the call finished under the cap.
+
+    Raises:
+      ValueError: for a malformed target or limit.
+      CappedRunError: if the workload failed for another reason (import error,
+        exception, crash, timeout); the message carries the subprocess's error.
+
+    Example:
+      >>> run = run_capped("memgrad._src.profiler.workloads:mlp_training_step", "512MiB",
+      ...                  {"batch_size": 32, "depth": 4, "width": 64})
+      >>> run.fits
+      True
+    """
+    target = _check_target(target)
+    limit_mib = _limit_in_mib(limit)
+    kwargs = dict(kwargs or {})
+    payload = json.dumps({"target": target, "kwargs": kwargs})
+
+    env = dict(os.environ)
+    env.update(
+        TF_CPU_ALLOCATOR_USE_BFC="true",
+        TF_CPU_BFC_MEM_LIMIT_IN_MB=str(limit_mib),
+        TF_CPP_MIN_LOG_LEVEL="2",
+        CUDA_VISIBLE_DEVICES="-1",
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+    )
+    start = time.perf_counter()
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "memgrad._src.profiler._capped_worker", payload],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise CappedRunError(f"{target} did not finish within {timeout} s") from error
+    elapsed = time.perf_counter() - start
+
+    result = None
+    for line in completed.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            result = json.loads(line[len(RESULT_MARKER):])
+    if result is None or result["status"] == "error":
+        detail = result["message"] if result else completed.stderr.strip()[-2000:]
+        raise CappedRunError(
+            f"{target}({kwargs}) failed in its capped subprocess "
+            f"(exit code {completed.returncode}): {detail}"
+        )
+    return CappedRun(
+        target=target,
+        kwargs=kwargs,
+        limit_bytes=limit_mib * 2**20,
+        fits=result["status"] == "ok",
+        peak_bytes=result.get("peak_bytes"),
+        message=result.get("message", ""),
+        wall_time_s=elapsed,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSearch:
+    """The result of `max_batch_size`.
+
+    Attributes:
+      batch_size: the largest batch found to fit (0 if even the smallest did not).
+      limit_bytes: the cap searched under.
+      probes: every `CappedRun` made, in order.
+    """
+
+    batch_size: int
+    limit_bytes: int
+    probes: tuple
+
+
+def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
+                   high=4096, timeout=600.0, start=None, rtol=0.0) -> BatchSearch:
+    """Finds the largest batch size for which ``target`` fits under ``limit`` bytes.
+
+    Doubles the batch from ``low`` until a run does not fit (or ``high`` is
+    reached), then bisects between the last fitting and first failing size. Each
+    probe is one `run_capped` subprocess. With a ``start`` guess (e.g. extrapolated
+    from a measured peak) the search begins there (halving while runs do not fit) and
+    then aims each probe at the size where a line through the fitting runs' peaks
+    meets the cap: a handful of probes instead of a dozen.
+
+    Args:
+      target: ``'module:function'`` taking the batch size as keyword ``batch_arg``.
+      limit: the cap, in bytes or as a string such as ``'256MiB'``.
+      kwargs: other keyword arguments for the function.
+      batch_arg: the name of the batch-size keyword.
+      low: the smallest batch size tried.
+      high: the largest batch size tried.
+      timeout: seconds allowed for each probe.
+      start: an optional first guess in ``[low, high]``.
+      rtol: stop bisecting once the first failing size is within ``rtol`` of the
+        largest fitting one (``0``: exact).
+
+    Returns:
+      A `BatchSearch` with the largest fitting ``batch_size`` (a size that ran under
+      the cap) and all probes.
+
+    Raises:
+      ValueError: for bad bounds, target or limit.
+      CappedRunError: if a probe fails for a reason other than memory.
+
+    Example:
+      >>> search = max_batch_size("memgrad._src.profiler.workloads:mlp_training_step",
+      ...                         "128MiB", {"depth": 8, "width": 256})
+      >>> search.batch_size > 0
+      True
+    """
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+        raise ValueError(f"Expected integers 1 <= low <= high. Received: low={low!r}, high={high!r}")
+    if start is not None and not (isinstance(start, int) and low <= start <= high):
+        raise ValueError(f"Expected start to be an int in [low, high] = [{low}, {high}]. Received: {start!r}")
+    if not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
+        raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
+    probes = []
+
+    def fits(batch):
+        run = run_capped(target, limit, {**(kwargs or {}), batch_arg: batch}, timeout=timeout)
+        probes.append(run)
+        return run.fits
+
+    limit_bytes = _limit_in_mib(limit) * 2**20
+    peaks = {}  # batch -> peak bytes of the runs that fit
+
+    def estimate():
+        """The batch whose peak would reach the cap, from the fitting runs' peaks (a line)."""
+        points = sorted(peaks.items())
+        if len(points) >= 2 and points[-1][1] > points[0][1]:
+            (b0, p0), (b1, p1) = points[0], points[-1]
+            slope = (p1 - p0) / (b1 - b0)
+            return int(b1 + (limit_bytes - p1) / slope)
+        b1, p1 = points[-1]
+        return int(b1 * limit_bytes / max(p1, 1))
+
+    def fits_and_record(batch):
+        ok = fits(batch)
+        if ok and probes[-1].peak_bytes:
+            peaks[batch] = probes[-1].peak_bytes
+        return ok
+
+    good, bad, candidate = None, None, low if start is None else start
+    while good is None:  # from the guess down, halving, to a size that fits
+        if fits_and_record(candidate):
+            good = candidate
+        elif candidate == low:
+            return BatchSearch(0, limit_bytes, tuple(probes))
+        else:
+            bad, candidate = candidate, max(low, candidate // 2)
+    boost = 1  # grows each time the extrapolation proves too cautious
+    while good < high and (bad is None or bad - good > max(1, rtol * good)):
+        step = max(1, int(rtol * good))
+        upper = high if bad is None else bad - 1
+        if start is None:  # plain doubling, then bisection
+            candidate = min(good * 2, high) if bad is None else (good + bad) // 2
+        else:  # aim at the extrapolated limit
+            aim = estimate() if peaks else good * 2
+            if aim > good and (bad is None or aim < bad):
+                candidate = aim
+            elif bad is None or aim <= good:
+                candidate, boost = good + step * boost, boost * 4
+            else:
+                candidate = (good + bad) // 2
+            candidate = min(max(candidate, good + step), upper)
+        if candidate <= good:
+            break
+        if fits_and_record(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    return BatchSearch(good, limit_bytes, tuple(probes))

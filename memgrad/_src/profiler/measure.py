@@ -1,0 +1,198 @@
+"""`measure(fn)`: peak tensor memory and wall time of one call, on CPU or GPU."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import statistics
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src.profiler.report import MemoryReport
+
+_DEVICE_PATTERN = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.IGNORECASE)
+
+
+class MemoryStatsUnavailableError(RuntimeError):
+    """The device's allocator keeps no statistics, so memory cannot be measured."""
+
+
+def default_device() -> str:
+    """``'GPU:0'`` when TensorFlow sees a GPU, else ``'CPU:0'``."""
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+def resolve_device(device=None) -> str:
+    """Validates a device name and returns it in the short form ``'CPU:0'``/``'GPU:1'``.
+
+    Args:
+      device: ``None`` for the default device (the first GPU if any, else the
+        CPU), or a string such as ``'CPU:0'``, ``'GPU:0'`` or ``'/device:GPU:0'``.
+
+    Returns:
+      The normalised device name.
+
+    Raises:
+      ValueError: if the string is not a CPU/GPU device name, or TensorFlow has
+        no such device on this machine.
+    """
+    if device is None:
+        return default_device()
+    match = _DEVICE_PATTERN.match(device) if isinstance(device, str) else None
+    if match is None:
+        raise ValueError(
+            "Expected a device name such as 'CPU:0' or 'GPU:0' (memory can be measured "
+            f"on CPU and GPU devices). Received: {device!r}"
+        )
+    kind, index = match.group(1).upper(), int(match.group(2))
+    available = [d.name.split("device:")[-1] for d in tf.config.list_logical_devices(kind)]
+    name = f"{kind}:{index}"
+    if name not in available:
+        raise ValueError(
+            f"Device {name!r} does not exist on this machine; available {kind} devices: "
+            f"{available or 'none'}. Received: {device!r}"
+        )
+    return name
+
+
+def positional_args(args) -> tuple:
+    """The positional arguments ``args`` stands for, as a tuple.
+
+    A tuple or list holds the arguments; a single tensor or NumPy array is one
+    argument (it is iterable too, so ``fn(*tensor)`` would pass its rows instead).
+
+    Raises:
+      TypeError: for anything else, e.g. ``None``, a number, a string or a dict.
+    """
+    if tf.is_tensor(args) or isinstance(args, np.ndarray):
+        return (args,)
+    if isinstance(args, (tuple, list)):
+        return tuple(args)
+    raise TypeError(
+        "Expected args to be a tuple or list of positional arguments, or a single tensor or NumPy "
+        f"array (passed as the one argument). Received: {args!r}"
+    )
+
+
+def _memory_info(device: str) -> dict:
+    try:
+        return tf.config.experimental.get_memory_info(device)
+    except (ValueError, tf.errors.OpError) as error:
+        raise MemoryStatsUnavailableError(
+            f"TensorFlow keeps no allocator statistics for {device} ({error}). On CPU, set "
+            "the environment variable TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow is "
+            "imported (or enable oneDNN, whose allocator keeps statistics: "
+            "TF_ENABLE_ONEDNN_OPTS=1; TensorFlow turns it on by default only on CPUs with "
+            "AVX-512)."
+        ) from error
+
+
+_warned_coarse_cpu_stats = False
+
+
+def exact_cpu_stats_enabled() -> bool:
+    """Whether TensorFlow's CPU allocator is the BFC allocator, whose statistics count every byte.
+
+    TensorFlow's default CPU allocator leaves allocations below a few hundred KiB
+    out of its statistics; ``TF_CPU_ALLOCATOR_USE_BFC=true``, set before
+    TensorFlow is imported, makes CPU figures exact.
+    """
+    return os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
+
+
+def _warn_if_coarse(device: str) -> None:
+    global _warned_coarse_cpu_stats
+    if device.startswith("CPU") and not exact_cpu_stats_enabled() and not _warned_coarse_cpu_stats:
+        _warned_coarse_cpu_stats = True
+        warnings.warn(
+            "TensorFlow's default CPU allocator does not count allocations below a few hundred "
+            "KiB, so small tensors are missing from CPU figures. Set TF_CPU_ALLOCATOR_USE_BFC=true "
+            "before importing TensorFlow for exact figures.",
+            stacklevel=3,
+        )
+
+
+def _sync() -> None:
+    # Kernels launch asynchronously on GPU: wait for them before reading the clock.
+    sync = getattr(getattr(tf.test, "experimental", None), "sync_devices", None)
+    if sync is not None and tf.config.list_logical_devices("GPU"):
+        sync()
+
+
+def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> MemoryReport:
+    """Measures the peak tensor memory and wall time of ``fn(*args, **kwargs)``.
+
+    The call is warmed up first (so a ``tf.function`` is traced and its one-time
+    allocations are done), the device's peak counter is reset, then the call runs
+    and the allocator's peak is read. Only TensorFlow tensor buffers count, not
+    Python or NumPy memory.
+
+    Args:
+      fn: the callable to measure, e.g. a ``tf.function`` training step.
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor
+        or NumPy array, passed as the one argument (``args=x`` is ``args=(x,)``).
+      kwargs: keyword arguments for ``fn``.
+      device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any,
+        else the CPU. The call runs under ``tf.device(device)``.
+      warmup: calls made before measuring (at least 0).
+      repeats: measured calls; the peak is the largest, the time the median.
+
+    Returns:
+      A `MemoryReport` with ``peak_bytes``, ``baseline_bytes``,
+      ``peak_above_baseline_bytes``, ``wall_time_s`` and ``device``.
+
+    Raises:
+      TypeError: if ``fn`` is not callable, or ``args`` is neither a tuple, a list,
+        a tensor nor an array.
+      ValueError: for an unknown device or a bad ``warmup``/``repeats``.
+      MemoryStatsUnavailableError: if the allocator keeps no statistics.
+
+    Example:
+      >>> import tensorflow as tf, memgrad
+      >>> step = tf.function(lambda x: tf.reduce_sum(tf.tanh(x) * 2.0))
+      >>> report = memgrad.profiler.measure(step, args=(tf.ones([256, 256]),), device="CPU:0")
+      >>> report.peak_above_baseline_bytes > 0
+      True
+    """
+    if not callable(fn):
+        raise TypeError(f"measure() expected a callable to measure. Received: {fn!r}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"Expected warmup to be an int >= 0. Received: {warmup!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
+    args = positional_args(args)
+    kwargs = dict(kwargs or {})
+    device = resolve_device(device)
+    _memory_info(device)  # fail early, before any work, if there are no stats
+    _warn_if_coarse(device)
+
+    with tf.device(device):
+        for _ in range(warmup):
+            result = fn(*args, **kwargs)
+            _sync()
+            del result
+        gc.collect()
+
+        peaks, times, baseline = [], [], None
+        for _ in range(repeats):
+            current = _memory_info(device)["current"]
+            baseline = current if baseline is None else min(baseline, current)
+            tf.config.experimental.reset_memory_stats(device)
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            _sync()
+            times.append(time.perf_counter() - start)
+            peaks.append(_memory_info(device)["peak"])
+            del result
+            gc.collect()
+
+    return MemoryReport(
+        device=device,
+        peak_bytes=int(max(peaks)),
+        baseline_bytes=int(baseline),
+        wall_time_s=float(statistics.median(times)),
+    )

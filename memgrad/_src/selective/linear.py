@@ -1,0 +1,198 @@
+"""Dense and convolution layers that keep their input only if the kernel gradient is wanted."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from memgrad._src.selective.relu import masked_relu, share_kept_input
+from memgrad._src.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
+
+
+class SelectiveLinear:
+    """Mixin for a Keras layer that is linear in its input and in its kernel.
+
+    In eager mode under a tape, the layer records one operation whose backward
+    keeps the layer's input only if the kernel gradient may be requested, and the
+    kernel only if the input needs a gradient. The kernel gradient may be
+    requested if the layer is trainable or if a tape watched the kernel before the
+    call (``tape.watch(layer.kernel.value)``): that is how to get a frozen layer's
+    kernel gradient in eager mode, since a frozen layer called without it keeps no
+    input and ``tape.gradient`` returns ``None`` for its weights. Inside
+    ``tf.function`` TensorFlow's own gradient pruning already drops what is not
+    needed, so the Keras computation runs unchanged there and every gradient is
+    available.
+    """
+
+    def _check_supported(self):
+        """Raises ValueError if this configuration is not handled (subclasses override)."""
+
+    def build(self, input_shape):
+        self._check_supported()
+        super().build(input_shape)
+
+    def _linear_part(self, inputs):
+        activation, self.activation = self.activation, keras.activations.linear
+        try:
+            return super().call(inputs)
+        finally:
+            self.activation = activation
+
+    def _activate(self, pre):
+        if self.activation is keras.activations.relu:
+            return masked_relu(pre)
+        return self.activation(pre)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if not tf.executing_eagerly():
+            return super().call(inputs)  # graph gradients already prune unneeded inputs
+        variables = [self.kernel] + ([self.bias] if self.use_bias else [])
+        kernel_wanted = weights_wanted(self, variables)
+        input_wanted = is_watched(inputs)
+        with stop_recording():
+            pre = self._linear_part(inputs)
+        if kernel_wanted or input_wanted:
+            self._record(pre, inputs, variables, kernel_wanted, input_wanted)
+        return self._activate(pre)
+
+    def _record(self, pre, inputs, variables, kernel_wanted, input_wanted):
+        reads = [watched_read(v) for v in variables] if kernel_wanted else []
+        kept_input = inputs if kernel_wanted else None
+        if kept_input is not None:
+            share_kept_input(kept_input)
+        kernel = None
+        if input_wanted:
+            with stop_recording():
+                kernel = tf.convert_to_tensor(self.kernel.value)
+        input_shape = tf.shape(inputs)
+        kernel_shape = tf.shape(self.kernel.value)
+
+        def backward(d_pre):
+            grads = [self._input_gradient(d_pre, kernel, input_shape) if input_wanted else None]
+            if kernel_wanted:
+                grads.append(self._kernel_gradient(kept_input, d_pre, kernel_shape))
+                if self.use_bias:
+                    grads.append(tf.reduce_sum(d_pre, axis=list(range(d_pre.shape.rank - 1))))
+            return grads
+
+        record_backward(f"memgrad_{type(self).__name__}", pre, [inputs] + reads, backward)
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Dense(SelectiveLinear, keras.layers.Dense):
+    """`keras.layers.Dense` that keeps its input only when its kernel is trainable.
+
+    Same constructor arguments and weights as ``keras.layers.Dense``. A frozen
+    layer's kernel gradient, in eager mode, needs ``tape.watch(layer.kernel.value)``
+    before the call (see `SelectiveLinear`).
+
+    Example:
+      >>> layer = Dense(64, activation="relu")
+      >>> layer.trainable = False   # the input is no longer kept for backprop
+    """
+
+    def _input_gradient(self, d_pre, kernel, input_shape):
+        return tf.tensordot(d_pre, tf.cast(kernel, d_pre.dtype), [[d_pre.shape.rank - 1], [1]])
+
+    def _kernel_gradient(self, inputs, d_pre, kernel_shape):
+        flat_in = tf.reshape(inputs, [-1, tf.shape(inputs)[-1]])
+        flat_d = tf.reshape(d_pre, [-1, tf.shape(d_pre)[-1]])
+        return tf.matmul(flat_in, tf.cast(flat_d, flat_in.dtype), transpose_a=True)
+
+
+def _reject_unsupported(layer, extra_requirement, extra_problems):
+    """Raises ValueError naming every convolution setting the selective backward does not handle."""
+    problems = []
+    if layer.data_format != "channels_last":
+        problems.append(f"data_format={layer.data_format!r}")
+    if layer.padding not in ("valid", "same"):
+        problems.append(f"padding={layer.padding!r}")
+    if any(rate != 1 for rate in layer.dilation_rate):
+        # TensorFlow's CPU kernels for the input gradient reject dilation > 1.
+        problems.append(f"dilation_rate={tuple(layer.dilation_rate)}")
+    problems += extra_problems
+    if problems:
+        raise ValueError(
+            f"memgrad's {type(layer).__name__} supports channels_last, 'valid' or 'same' padding, "
+            f"dilation_rate=1 and {extra_requirement}. Received: {', '.join(problems)}"
+        )
+
+
+class SelectiveConv(SelectiveLinear):
+    """Shared backward of Conv1D/2D/3D (channels-last, 'valid'/'same' padding, groups=1, no dilation)."""
+
+    def _check_supported(self):
+        _reject_unsupported(self, "groups=1", [f"groups={self.groups}"] if self.groups != 1 else [])
+
+    def _spatial(self, values):
+        return [1] + list(values) + [1]
+
+    def _input_gradient(self, d_pre, kernel, input_shape):
+        return tf.nn.conv_transpose(
+            d_pre, tf.cast(kernel, d_pre.dtype), output_shape=input_shape, strides=list(self.strides),
+            padding=self.padding.upper(),
+        )
+
+    def _kernel_gradient(self, inputs, d_pre, kernel_shape):
+        rank = len(self.kernel_size)
+        d_pre = tf.cast(d_pre, inputs.dtype)
+        strides = list(self.strides)
+        if rank == 1:  # as a 2D convolution of height 1
+            inputs, d_pre = tf.expand_dims(inputs, 1), tf.expand_dims(d_pre, 1)
+            kernel_shape = tf.concat([[1], kernel_shape], axis=0)
+            strides = [1] + strides
+        backprop = tf.raw_ops.Conv3DBackpropFilterV2 if rank == 3 else tf.raw_ops.Conv2DBackpropFilter
+        grad = backprop(input=inputs, filter_sizes=kernel_shape, out_backprop=d_pre,
+                        strides=self._spatial(strides), padding=self.padding.upper())
+        return grad[0] if rank == 1 else grad
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Conv1D(SelectiveConv, keras.layers.Conv1D):
+    """`keras.layers.Conv1D` that keeps its input only when its kernel is trainable."""
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Conv2D(SelectiveConv, keras.layers.Conv2D):
+    """`keras.layers.Conv2D` that keeps its input only when its kernel is trainable.
+
+    Same constructor arguments and weights as ``keras.layers.Conv2D``
+    (channels-last, 'valid'/'same' padding, groups=1).
+
+    Example:
+      >>> backbone_conv = Conv2D(32, 3, padding="same", activation="relu", trainable=False)
+    """
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Conv3D(SelectiveConv, keras.layers.Conv3D):
+    """`keras.layers.Conv3D` that keeps its input only when its kernel is trainable."""
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class Conv2DTranspose(SelectiveLinear, keras.layers.Conv2DTranspose):
+    """`keras.layers.Conv2DTranspose` that keeps its input only when its kernel is trainable.
+
+    Supports channels-last, 'valid'/'same' padding, ``output_padding=None`` and
+    no dilation (others are rejected, and `convert` leaves such layers as they are).
+
+    Example:
+      >>> up = Conv2DTranspose(16, 3, strides=2, padding="same", trainable=False)
+    """
+
+    def _check_supported(self):
+        extra = [] if self.output_padding is None else [f"output_padding={self.output_padding!r}"]
+        _reject_unsupported(self, "output_padding=None", extra)
+
+    # y = conv_transpose(x, K) is the input-gradient of a convolution by K, so its
+    # own input gradient is that convolution, and its kernel gradient swaps roles.
+    def _input_gradient(self, d_pre, kernel, input_shape):
+        return tf.nn.conv2d(d_pre, tf.cast(kernel, d_pre.dtype), strides=[1, *self.strides, 1],
+                            padding=self.padding.upper())
+
+    def _kernel_gradient(self, inputs, d_pre, kernel_shape):
+        return tf.raw_ops.Conv2DBackpropFilter(
+            input=tf.cast(d_pre, inputs.dtype), filter_sizes=kernel_shape, out_backprop=inputs,
+            strides=[1, *self.strides, 1], padding=self.padding.upper(),
+        )

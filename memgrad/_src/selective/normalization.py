@@ -1,0 +1,79 @@
+"""BatchNormalization whose inference-mode backward keeps its input only for a trainable gamma."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from memgrad._src.selective.relu import share_kept_input
+from memgrad._src.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class BatchNormalization(keras.layers.BatchNormalization):
+    """`keras.layers.BatchNormalization` with a lean inference-mode backward.
+
+    In inference mode (``training=False``, or a frozen layer) batch normalisation
+    is a per-channel affine map ``y = x * a + c``: the input gradient needs only
+    ``a``, and the input is kept only if ``gamma``'s gradient may be requested:
+    the layer is trainable, or a tape watched ``gamma`` or ``beta`` before the call
+    (how to get a frozen layer's parameter gradients in eager mode; otherwise
+    ``tape.gradient`` returns ``None`` for them). TensorFlow's FusedBatchNorm keeps
+    the input in every case. Training mode and axes other than the last use
+    Keras's computation.
+
+    Example:
+      >>> bn = BatchNormalization(trainable=False)   # a frozen backbone's BN keeps nothing
+    """
+
+    def call(self, inputs, training=None, mask=None):
+        inputs = tf.convert_to_tensor(inputs)
+        inference = not (training and self.trainable)
+        last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
+        if not (tf.executing_eagerly() and inference and last_axis and mask is None):
+            return super().call(inputs, training=training, mask=mask)
+        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        params_wanted = bool(params) and weights_wanted(self, params)
+        input_wanted = is_watched(inputs)
+        with stop_recording():
+            outputs = super().call(inputs, training=False)
+        if not (params_wanted or input_wanted):
+            return outputs
+        # float64 stays float64; lower precisions compute the backward in float32.
+        acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
+        with stop_recording():
+            inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
+            scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
+        reads = [watched_read(v) for v in params] if params_wanted else []
+        kept_input = inputs if params_wanted and self.scale else None
+        if kept_input is not None:
+            share_kept_input(kept_input)
+        mean = tf.cast(self.moving_mean.value, acc) if kept_input is not None else None
+        axes = list(range(inputs.shape.rank - 1))
+
+        fused = kept_input is not None and inputs.shape.rank == 4 and inputs.dtype == tf.float32 and self.center
+
+        def fused_backward(d_out):
+            # TensorFlow's fused inference-mode gradient: one pass for dx, d_gamma, d_beta.
+            dx, d_gamma, d_beta = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=d_out, x=kept_input, scale=tf.cast(self.gamma.value, tf.float32),
+                reserve_space_1=mean, reserve_space_2=tf.cast(self.moving_variance.value, tf.float32),
+                reserve_space_3=tf.constant([], tf.float32), epsilon=self.epsilon, is_training=False,
+            )[:3]
+            return [dx if input_wanted else None, d_gamma, d_beta]
+
+        def backward(d_out):
+            if fused:
+                return fused_backward(d_out)
+            d32 = tf.cast(d_out, acc)
+            grads = [tf.cast(d32 * scale, d_out.dtype) if input_wanted else None]
+            if params_wanted:
+                if self.scale:
+                    normalized = (tf.cast(kept_input, acc) - mean) * inv_std
+                    grads.append(tf.cast(tf.reduce_sum(d32 * normalized, axis=axes), self.gamma.dtype))
+                if self.center:
+                    grads.append(tf.cast(tf.reduce_sum(d32, axis=axes), self.beta.dtype))
+            return grads
+
+        record_backward("memgrad_BatchNormInference", outputs, [inputs] + reads, backward)
+        return outputs

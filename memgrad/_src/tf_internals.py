@@ -1,0 +1,116 @@
+"""Every private TensorFlow and Keras name memgrad uses, in one place.
+
+memgrad uses public APIs wherever one exists. What is left here has no public equivalent
+(the tape's recording switches, the v1 graph-gradient builder, an op's registered gradient
+function, ...). Each name is imported through `_private`, so a TensorFlow or Keras release
+that moves it fails at ``import memgrad`` with one clear line naming the supported versions
+instead of a traceback from deep inside a technique. tests/test_tf_internals.py checks each.
+"""
+
+import importlib
+import warnings
+
+import keras
+import tensorflow as tf
+
+TF_RANGE = ((2, 16), (2, 21))  # oldest supported, newest tested
+KERAS_RANGE = ((3, 0), (3, 15))
+SUPPORTED = (
+    f"memgrad supports TensorFlow {TF_RANGE[0][0]}.{TF_RANGE[0][1]}-{TF_RANGE[1][0]}.{TF_RANGE[1][1]} "
+    f"and Keras {KERAS_RANGE[0][0]}.{KERAS_RANGE[0][1]}-{KERAS_RANGE[1][0]}.{KERAS_RANGE[1][1]} "
+    "with the TensorFlow backend"
+)
+
+
+class UnsupportedVersionError(ImportError):
+    """TensorFlow or Keras is a version memgrad does not support (or lacks a name it needs)."""
+
+
+def _version(text):
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _received():
+    return f"Received: TensorFlow {tf.__version__}, Keras {keras.__version__} (backend {keras.backend.backend()!r})"
+
+
+def check_versions(tf_version=None, keras_version=None, backend=None):
+    """Raises `UnsupportedVersionError` outside the supported range; warns past the tested one.
+
+    Args:
+      tf_version, keras_version, backend: what to check (default: the installed ones).
+
+    Returns:
+      None.
+
+    Raises:
+      UnsupportedVersionError: TensorFlow or Keras too old, Keras 2, or a non-TensorFlow backend.
+    """
+    tf_v = _version(tf_version or tf.__version__)
+    keras_v = _version(keras_version or keras.__version__)
+    backend = backend or keras.backend.backend()
+    received = (f"Received: TensorFlow {tf_version or tf.__version__}, Keras "
+                f"{keras_version or keras.__version__} (backend {backend!r})")
+    if tf_v < TF_RANGE[0] or keras_v < KERAS_RANGE[0] or backend != "tensorflow":
+        raise UnsupportedVersionError(f"{SUPPORTED}. {received}")
+    if tf_v > TF_RANGE[1] or keras_v > KERAS_RANGE[1]:
+        warnings.warn(f"{SUPPORTED}; newer versions are untested. {received}", stacklevel=3)
+
+
+def _private(module, name=None):
+    """``module`` (or ``module.name``), or an `UnsupportedVersionError` saying which is missing."""
+    try:
+        found = importlib.import_module(module)
+        return getattr(found, name) if name else found
+    except (ImportError, AttributeError) as error:
+        what = f"{module}.{name}" if name else module
+        raise UnsupportedVersionError(
+            f"{SUPPORTED}: {what} is missing ({error}). {_received()}") from None
+
+
+# The tape's recording switches (tf.recompute_grad and tf.custom_gradient use them too).
+stop_recording = _private("tensorflow.python.eager.record", "stop_recording")
+could_possibly_record = _private("tensorflow.python.eager.record", "could_possibly_record")
+should_record_backprop = _private("tensorflow.python.eager.record", "should_record_backprop")
+record_operation = _private("tensorflow.python.eager.record", "record_operation")
+
+# The v1 graph-gradient builders, kept before any monkey patch replaces the public aliases.
+tf_gradients_v1 = _private("tensorflow.python.ops.gradients_impl", "gradients")
+tf_gradients_v2 = _private("tensorflow.python.ops.gradients_impl", "gradients_v2")
+
+# Graph-gradient internals used by the rewrite.
+get_gradient_function = _private("tensorflow.python.framework.ops", "get_gradient_function")
+convert_to_tensor = _private("tensorflow.python.framework.ops", "convert_to_tensor")  # as_ref=
+is_trainable_dtype = _private("tensorflow.python.eager.backprop_util", "IsTrainable")
+supports_default_grad = _private("tensorflow.python.ops.default_gradient", "supports_default_grad")
+zeros_like_for_gradient = _private("tensorflow.python.ops.control_flow_state", "ZerosLike")
+is_resource_variable = _private("tensorflow.python.ops.resource_variable_ops", "is_resource_variable")
+
+
+def xplane_pb2():
+    """The profiler's XSpace protobuf module (imported on first use: the profiler needs it only
+    for `largest_live_tensors`)."""
+    return _private("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+
+
+def tfp():
+    """TensorFlow Probability, imported on first use (only `BijectorBlock` needs it)."""
+    try:
+        import tensorflow_probability
+    except ImportError as error:
+        raise ImportError(
+            "memgrad.layers.BijectorBlock needs TensorFlow Probability: pip install "
+            f"'memgrad[tfp]'. Received: {error}") from None
+    return tensorflow_probability
+
+
+def tfp_chain_and_invert():
+    """The classes tfb.Chain(...) and tfb.Invert(...) build when a part is not a composite
+    tensor (as tfb.BatchNormalization is not): private subclasses ``_Chain`` and ``_Invert``."""
+    tfp()
+    return (_private("tensorflow_probability.python.bijectors.chain", "_Chain"),
+            _private("tensorflow_probability.python.bijectors.invert", "_Invert"))

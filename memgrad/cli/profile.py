@@ -1,0 +1,330 @@
+"""`memgrad-profile`: what would make my model fit, and what does it cost?
+
+Profiles one training step of a model under each memory strategy over a sweep of depths and
+batch sizes, prints a table (peak memory, ratio to plain backprop, time per step, overhead),
+writes JSON and a PNG plot; ``--budget`` finds the largest batch that fits a memory budget per
+strategy on an emulated device of that size; ``--top K`` lists the largest tensors alive at the
+peak. Run ``memgrad-profile --help`` for every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import platform
+import sys
+
+from memgrad.cli.report import format_budget, format_table, one_line, plot
+
+HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return value
+
+
+class _Budget(collections.namedtuple("_Budget", "text bytes")):
+    """A ``--budget`` as typed and in bytes."""
+
+
+def _budget(text: str) -> _Budget:
+    from memgrad._src.units import parse_bytes
+
+    try:
+        value = parse_bytes(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected a memory size such as 512MB, 1.5GiB or 300000000, received {text!r}") from None
+    if value < 2**20:
+        raise argparse.ArgumentTypeError(f"expected a budget of at least 1 MiB, received {text!r}")
+    return _Budget(text, value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from memgrad.cli.sweep import BUILT_IN, STRATEGIES
+
+    parser = argparse.ArgumentParser(
+        prog="memgrad-profile",
+        description=(
+            "Profile one training step of a model under each memory strategy (plain backprop, "
+            "automatic checkpointing 'memory'/'speed', reversible, selective) over depths and batch "
+            "sizes, on GPU if present else CPU: peak memory, ratio to plain, time per step. With no "
+            "arguments: additive-coupling stacks of depth 2-16, plain vs checkpointed vs reversible."
+        ),
+        epilog=(
+            "Examples: memgrad-profile | memgrad-profile --model resnet --depths 20 56 "
+            "| memgrad-profile --model my.keras --batch-sizes 16 64 --budget 512MB "
+            "| memgrad-profile --model mypkg.nets:build --depths 8 16 --top 5"
+        ),
+    )
+    parser.add_argument("--model", default="coupling",
+                        help=f"one of {', '.join(BUILT_IN)} (default: coupling), a .keras file "
+                             "(loaded with safe_mode=True) or a builder 'module:function' returning a "
+                             "Keras model (called with depth=D when --depths is given)")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="STRATEGY",
+                        help=f"some of {', '.join(STRATEGIES)} (default: plain memory reversible for the "
+                             "default model, else every strategy the model supports)")
+    parser.add_argument("--depths", type=_positive_int, nargs="+",
+                        help="depths to sweep (default: the model's own, e.g. 2 4 8 16 couplings)")
+    parser.add_argument("--batch-sizes", type=_positive_int, nargs="+", help="batch sizes to sweep")
+    parser.add_argument("--width", type=_positive_int, default=256,
+                        help="features of the coupling model (even; default: 256)")
+    parser.add_argument("--repeats", type=_positive_int, default=3,
+                        help="measured steps per point; peak is the largest, time the median (default: 3)")
+    parser.add_argument("--device", default=None, help="'CPU:0', 'GPU:0', ... (default: GPU:0 if present)")
+    parser.add_argument("--json", metavar="PATH", default="memgrad-profile.json",
+                        help="where to write the results (default: memgrad-profile.json)")
+    parser.add_argument("--plot", metavar="PATH", default="memgrad-profile.png",
+                        help="where to draw peak memory and time overhead (default: memgrad-profile.png)")
+    parser.add_argument("--budget", type=_budget, metavar="SIZE",
+                        help="also find the largest batch that fits SIZE (e.g. 512MB) per strategy, "
+                             "at the deepest depth, on an emulated device capped at SIZE")
+    parser.add_argument("--top", type=_positive_int, metavar="K",
+                        help="also list the K largest tensors alive at each strategy's peak")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _rerun_with_exact_cpu_stats(argv) -> None:
+    """Re-executes this command with the BFC CPU allocator, whose statistics count every byte.
+
+    The variable only takes effect before TensorFlow is imported, and importing
+    memgrad imports TensorFlow, so the command starts itself again.
+    """
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") is None:
+        env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        os.execve(sys.executable, [sys.executable, "-m", "memgrad.cli", *argv], env)
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="memgrad-profile", unit="step", file=sys.stderr, leave=False)
+
+
+def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress=True):
+    """Measures every (depth, batch size, strategy) point of a sweep.
+
+    Args:
+      spec: a `memgrad.cli.sweep.ModelSpec`.
+      strategies: strategies to measure (``'plain'`` first gives the ratios).
+      depths: depths (``[None]`` for a model without depth).
+      batch_sizes: batch sizes.
+      device: the device to measure on.
+      repeats: measured steps per point.
+      progress: show a progress bar on stderr.
+
+    Returns:
+      A list of row dicts: ``model``, ``strategy``, ``depth``, ``batch_size``, ``peak_bytes``,
+      ``peak_above_baseline_bytes``, ``ms_per_step``, ``memory_ratio`` and ``time_overhead``
+      (to plain backprop at the same point, ``None`` without a plain row), ``out_of_memory``.
+    """
+    rows = []
+    bar = _progress(len(depths) * len(batch_sizes) * len(strategies), progress)
+    # measure() collects garbage around every call; with TensorFlow and Keras imported that
+    # walks ~0.3 s of long-lived objects each time. Parking them out of the collector's sight
+    # (gc.freeze) leaves only the sweep's own objects to walk.
+    gc.collect()
+    gc.freeze()
+    try:
+        _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows)
+    finally:
+        gc.unfreeze()
+    if bar is not None:
+        bar.close()
+    _add_ratios(rows)
+    return rows
+
+
+def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows):
+    import tensorflow as tf
+
+    from memgrad._src.profiler import measure
+    from memgrad.cli import sweep
+
+    for depth in depths:
+        for batch_size in batch_sizes:
+            for strategy in strategies:
+                if bar is not None:
+                    bar.set_postfix_str(f"{strategy} depth={depth} batch={batch_size}")
+                step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
+                row = {"model": spec.source, "strategy": strategy, "depth": depth, "batch_size": batch_size,
+                       "peak_bytes": None, "peak_above_baseline_bytes": None, "ms_per_step": None,
+                       "out_of_memory": False}
+                try:
+                    report = measure(step, args=inputs, device=device, warmup=1, repeats=repeats)
+                except tf.errors.ResourceExhaustedError:
+                    row["out_of_memory"] = True
+                else:
+                    row.update(peak_bytes=report.peak_bytes,
+                               peak_above_baseline_bytes=report.peak_above_baseline_bytes,
+                               ms_per_step=report.wall_time_s * 1e3)
+                rows.append(row)
+                del step, inputs, model
+                sweep.release()
+                if bar is not None:
+                    bar.update()
+
+
+def _add_ratios(rows):
+    plain = {(r["depth"], r["batch_size"]): r for r in rows if r["strategy"] == "plain"}
+    for row in rows:
+        base = plain.get((row["depth"], row["batch_size"]))
+        usable = base is not None and not base["out_of_memory"] and not row["out_of_memory"]
+        row["memory_ratio"] = (row["peak_above_baseline_bytes"] / base["peak_above_baseline_bytes"]
+                               if usable and base["peak_above_baseline_bytes"] else None)
+        row["time_overhead"] = row["ms_per_step"] / base["ms_per_step"] if usable else None
+
+
+def find_budget_batches(spec, strategies, depth, rows, budget):
+    """The largest batch per strategy that fits ``budget`` bytes on the emulated device.
+
+    The search starts from a guess extrapolated from the sweep's measured peak at the same
+    depth, then every answer is a batch that actually ran under the cap (`max_batch_size`).
+
+    Returns:
+      A list of dicts: ``strategy``, ``depth``, ``budget_bytes``, ``batch_size`` (largest that
+      ran), ``first_failing`` (smallest that did not, or ``None``), ``probes``, ``vs_plain``.
+    """
+    import concurrent.futures
+
+    from memgrad._src.profiler import max_batch_size
+
+    def search_one(strategy):
+        measured = [r for r in rows if r["strategy"] == strategy and r["depth"] == depth
+                    and not r["out_of_memory"]]
+        guess = None
+        if measured:
+            row = max(measured, key=lambda r: r["batch_size"])
+            guess = max(1, min(1 << 16, int(row["batch_size"] * budget / max(row["peak_bytes"], 1))))
+        kwargs = {"source": spec.source, "strategy": strategy, "depth": depth, "width": spec.width}
+        search = max_batch_size("memgrad.cli.sweep:capped_step", budget, kwargs,
+                                high=1 << 16, start=guess, rtol=0.05)
+        failing = [p.kwargs["batch_size"] for p in search.probes if not p.fits]
+        return {"strategy": strategy, "depth": depth, "budget_bytes": search.limit_bytes,
+                "batch_size": search.batch_size, "first_failing": min(failing) if failing else None,
+                "probes": len(search.probes)}
+
+    # Each probe is a subprocess that mostly imports TensorFlow or waits out an allocation
+    # failure: two strategies' searches at a time.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(search_one, strategies))
+    plain = next((r["batch_size"] for r in results if r["strategy"] == "plain"), None)
+    for result in results:
+        result["vs_plain"] = result["batch_size"] / plain if plain else None
+    return results
+
+
+def top_tensors(spec, strategies, depth, batch_size, k, device):
+    """The ``k`` largest tensors alive at each strategy's peak: {strategy: PeakTensors}."""
+    from memgrad.cli import sweep
+    from memgrad._src.profiler.live import largest_live_tensors
+
+    found = {}
+    for strategy in strategies:
+        step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
+        found[strategy] = largest_live_tensors(step, args=inputs, k=k, device=device)
+        del step, inputs, model
+        sweep.release()
+    return found
+
+
+def main(argv=None) -> int:
+    """Runs the command; returns its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    _rerun_with_exact_cpu_stats(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("memgrad-profile: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # one clear line, never a traceback
+        from memgrad._src.profiler.emulated import CappedRunError
+        from memgrad._src.profiler.measure import MemoryStatsUnavailableError
+        from memgrad.cli.sweep import ProfileError
+
+        expected = (ProfileError, ValueError, CappedRunError, MemoryStatsUnavailableError, OSError)
+        message = one_line(error)
+        if not isinstance(error, expected):
+            message = f"{type(error).__name__}: {message}"
+        print(f"memgrad-profile: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    import keras
+    import tensorflow as tf
+
+    import memgrad
+    from memgrad._src.profiler import resolve_device
+    from memgrad.cli import sweep
+
+    spec = sweep.model_spec(args.model, width=args.width)
+    if args.strategies:
+        strategies = sweep.check_strategies(spec, args.strategies)
+    elif spec.source == "coupling":
+        strategies = HEADLINE_STRATEGIES
+    else:
+        strategies = spec.strategies
+    if "plain" in strategies:  # measured first: the others are compared with it
+        strategies = ("plain",) + tuple(s for s in strategies if s != "plain")
+    if spec.kind == "file":
+        if args.depths:
+            raise sweep.ProfileError(f"a model file has a fixed depth; drop --depths for {spec.source!r}")
+        depths = [None]
+    else:
+        depths = list(args.depths or spec.default_depths or [None])
+    batch_sizes = list(args.batch_sizes or [spec.default_batch])
+    device = resolve_device(args.device)
+
+    rows = run_sweep(spec, strategies, depths, batch_sizes, device, args.repeats, not args.no_progress)
+    title = (f"memgrad-profile: {spec.source}" + (f" width {spec.width}" if spec.source == "coupling" else "")
+             + f", on {device}")
+    print(title)
+    print(format_table(rows))
+    result = {
+        "command": "memgrad-profile", "model": spec.source, "device": device, "strategies": list(strategies),
+        "depths": depths, "batch_sizes": batch_sizes, "width": spec.width if spec.source == "coupling" else None,
+        "repeats": args.repeats,
+        "versions": {"memgrad": memgrad.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
+                     "python": platform.python_version()},
+        "rows": rows, "budget": None, "top": None,
+    }
+    deepest = max((d for d in depths if d is not None), default=None)
+    if args.budget:
+        result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes)
+        print()
+        print(format_budget(result["budget"], args.budget.text))
+    if args.top:
+        found = top_tensors(spec, strategies, deepest, batch_sizes[0], args.top, device)
+        result["top"] = {s: {"peak_bytes": p.peak_bytes, "other_bytes": p.other_bytes,
+                             "depth": deepest, "batch_size": batch_sizes[0],
+                             "tensors": [t.as_dict() for t in p.tensors]} for s, p in found.items()}
+        for strategy, peak in found.items():
+            print()
+            print(f"{strategy} (depth {'-' if deepest is None else deepest}, batch {batch_sizes[0]}): {peak}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, args.plot, title)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

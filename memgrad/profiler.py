@@ -1,0 +1,49 @@
+"""memgrad's measuring instrument: the peak memory of a call, what is alive at the peak, and an
+emulated small device for "what is the largest batch that fits".
+
+Example:
+  ```python
+  import tensorflow as tf
+  import memgrad
+
+  report = memgrad.profiler.measure(lambda x: tf.reduce_sum(tf.tanh(x)), args=(tf.ones([256, 256]),))
+  print(report.peak_bytes)
+  ```
+"""
+
+from memgrad._src.profiler import (
+    BatchSearch,
+    CappedRun,
+    CappedRunError,
+    LiveTensor,
+    MemoryReport,
+    MemoryStatsUnavailableError,
+    PeakTensors,
+    default_device,
+    exact_cpu_stats_enabled,
+    largest_live_tensors,
+    max_batch_size,
+    measure,
+    resolve_device,
+    run_capped,
+)
+from memgrad._src.units import format_bytes, parse_bytes
+
+__all__ = [
+    "BatchSearch",
+    "CappedRun",
+    "CappedRunError",
+    "LiveTensor",
+    "MemoryReport",
+    "MemoryStatsUnavailableError",
+    "PeakTensors",
+    "default_device",
+    "exact_cpu_stats_enabled",
+    "format_bytes",
+    "largest_live_tensors",
+    "max_batch_size",
+    "measure",
+    "parse_bytes",
+    "resolve_device",
+    "run_capped",
+]
