@@ -30,7 +30,7 @@ import memgrad  # noqa: E402
 from memgrad._src.checkpointing import api as checkpointing_api  # noqa: E402
 from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph  # noqa: E402
-from memgrad._src.profiler.workloads import (  # noqa: E402
+from memgrad.profiler.workloads import (  # noqa: E402
     UNEVEN_WIDTHS, conv_classifier, residual_chain, uneven_chain)
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 

@@ -4,7 +4,7 @@ and a chain of uneven widths; each returns (weights, loss_fn, input shape)."""
 import numpy as np
 import tensorflow as tf
 
-from memgrad._src.profiler.workloads import UNEVEN_WIDTHS, residual_chain, uneven_chain
+from memgrad.profiler.workloads import UNEVEN_WIDTHS, residual_chain, uneven_chain
 
 
 def _var(rng, *shape):

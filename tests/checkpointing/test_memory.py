@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import memgrad
 from memgrad._src.checkpointing import api
-from memgrad._src.profiler.workloads import residual_chain
+from memgrad.profiler.workloads import residual_chain
 from tests.checkpointing.budget_workloads import dense_blocks
 
 BATCH, WIDTH = 4096, 128

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.profiler.workloads import conv_classifier
+from memgrad.profiler.workloads import conv_classifier
 
 
 def conv_net(frozen_backbone):

@@ -55,7 +55,7 @@ def _check_target(target) -> str:
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise ValueError(
             "Expected the workload as an importable 'module:function' string, e.g. "
-            f"'memgrad._src.profiler.workloads:mlp_training_step'. Received: {target!r}"
+            f"'memgrad.profiler.workloads:mlp_training_step'. Received: {target!r}"
         )
     return target
 
@@ -92,7 +92,7 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
         exception, crash, timeout); the message carries the subprocess's error.
 
     Example:
-      >>> run = run_capped("memgrad._src.profiler.workloads:mlp_training_step", "512MiB",
+      >>> run = run_capped("memgrad.profiler.workloads:mlp_training_step", "512MiB",
       ...                  {"batch_size": 32, "depth": 4, "width": 64})
       >>> run.fits
       True
@@ -192,7 +192,7 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
       CappedRunError: if a probe fails for a reason other than memory.
 
     Example:
-      >>> search = max_batch_size("memgrad._src.profiler.workloads:mlp_training_step",
+      >>> search = max_batch_size("memgrad.profiler.workloads:mlp_training_step",
       ...                         "128MiB", {"depth": 8, "width": 256})
       >>> search.batch_size > 0
       True

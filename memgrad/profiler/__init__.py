@@ -9,6 +9,8 @@ Example:
   report = memgrad.profiler.measure(lambda x: tf.reduce_sum(tf.tanh(x)), args=(tf.ones([256, 256]),))
   print(report.peak_bytes)
   ```
+
+`memgrad.profiler.workloads` holds small reference training steps to try it on.
 """
 
 from memgrad._src.profiler import (

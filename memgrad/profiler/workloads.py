@@ -1,4 +1,5 @@
-"""Reference workloads: small, dependency-free training steps to profile and to test the profiler."""
+"""Reference workloads (public): small, dependency-free training steps to profile, to try the
+emulated device on (``"memgrad.profiler.workloads:mlp_training_step"``) and to test the profiler."""
 
 from __future__ import annotations
 
