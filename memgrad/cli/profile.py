@@ -109,8 +109,10 @@ def _rerun_with_exact_cpu_stats(argv) -> None:
 def _progress(total, enabled):
     if not enabled:
         return None
-    from tqdm import tqdm
-
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the [cli] extra is not installed: no bar, same results
+        return None
     return tqdm(total=total, desc="memgrad-profile", unit="step", file=sys.stderr, leave=False)
 
 
@@ -321,8 +323,12 @@ def _run(args) -> int:
             json.dump(result, out, indent=2)
         print(f"wrote {args.json}")
     if args.plot:
-        plot(rows, args.plot, title)
-        print(f"wrote {args.plot}")
+        try:
+            plot(rows, args.plot, title)
+            print(f"wrote {args.plot}")
+        except ImportError as error:
+            print(f"no plot: {error.name or 'matplotlib'} is not installed "
+                  "(pip install 'memgrad[cli]'); the table and JSON are complete")
     return 0
 
 

@@ -247,7 +247,11 @@ def _build(spec, strategy, depth):
         from memgrad_zoo.densenet import densenet_bc
 
         return densenet_bc(depth, 12, efficient=False, input_shape=IMAGE_SHAPE)
-    from memgrad_zoo.glow import Glow
+    try:
+        from memgrad_zoo.glow import Glow
+    except ImportError as error:  # Glow's prior is a TFP distribution
+        raise ProfileError(f"the zoo's glow needs the [zoo] extra: pip install 'memgrad[zoo]'. "
+                           f"Received: {error}") from None
 
     glow = Glow(IMAGE_SHAPE, levels=1, steps=depth, hidden=32, reversible=strategy == "reversible")
     glow.build()
