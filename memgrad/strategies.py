@@ -16,6 +16,7 @@ Example:
 """
 
 from memgrad._src.checkpointing.budget import Budget, CurvePoint
+from memgrad._src.graph.view import ForwardGraph
 from memgrad._src.checkpointing.strategies import (
     CheckpointPlan,
     Collection,
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointPlan",
     "Collection",
     "CurvePoint",
+    "ForwardGraph",
     "Memory",
     "Speed",
     "Strategy",

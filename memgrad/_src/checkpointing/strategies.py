@@ -230,10 +230,16 @@ def list_plan(view, tensors):
 class Strategy:
     """The protocol every checkpoint strategy follows: ``plan(view) -> CheckpointPlan``.
 
-    ``view`` is the read-only `ForwardGraph` of the traced forward pass between ``xs`` and
-    ``ys``; the plan names the tensors to keep. `memgrad.gradients`, `memgrad.GradientTape`,
-    `memgrad.enable_checkpointing` and `memgrad.analyze` accept any object with this method,
-    so a user policy is a subclass (or any class) defining ``plan``.
+    ``view`` is the read-only `memgrad.strategies.ForwardGraph` of the traced forward pass
+    between ``xs`` and ``ys``: ``view.graph``, ``view.ops`` (forward ops in topological
+    order), ``view.activation_ops`` (those carrying data from the inputs rather than
+    parameters), ``view.is_forward(op)``, ``view.is_activation(tensor)``,
+    ``view.activation_outputs(op)``, ``view.tensor_bytes(tensor)``, ``view.op_flops(op)`` and
+    ``view.networkx()``. The plan names the tensors to keep; build it with
+    ``Tensors(kept).plan(view)``, which checks them and fills in the estimates.
+    `memgrad.gradients`, `memgrad.GradientTape`, `memgrad.enable_checkpointing` and
+    `memgrad.analyze` accept any object with this method, so a user policy is a subclass (or
+    any class) defining ``plan``; its ``name`` shows in `memgrad.record_rewrites` logs.
 
     Example:
       ```python
@@ -377,5 +383,17 @@ def as_strategy(checkpoints):
 
 
 def choose(view, checkpoints):
-    """The `CheckpointPlan` of ``checkpoints`` (any form `as_strategy` accepts) for ``view``."""
-    return as_strategy(checkpoints).plan(view)
+    """The `CheckpointPlan` of ``checkpoints`` (any form `as_strategy` accepts) for ``view``.
+
+    A user strategy's plan is labelled with the strategy's ``name`` (when it has one).
+    """
+    strategy = as_strategy(checkpoints)
+    plan = strategy.plan(view)
+    if not isinstance(plan, CheckpointPlan):
+        raise TypeError(
+            f"{type(strategy).__name__}.plan(view) must return a memgrad.strategies.CheckpointPlan "
+            f"(e.g. Tensors(kept).plan(view)). Received: {type(plan).__name__}")
+    name = getattr(strategy, "name", None)
+    if isinstance(name, str) and not type(strategy).__module__.startswith("memgrad._src"):
+        plan.mode = name
+    return plan
