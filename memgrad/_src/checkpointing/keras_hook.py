@@ -105,15 +105,19 @@ def enable_checkpointing(model, checkpoints="memory"):
     silently replaced): use `memgrad.GradientTape` inside that `train_step` instead.
 
     Caveats:
-      - XLA: XLA ignores the control dependencies that keep recomputation late, and may
-        merge the recomputation back into the forward pass so the saving vanishes. If the
-        model's `jit_compile` is on, it is turned off (with a warning); compiling with
-        ``jit_compile=True`` after this call only warns when the step is traced.
-      - Stateful ops: recomputation runs the forward ops again. Unseeded random ops (a
-        hand-written ``tf.random.uniform`` mask) draw new values in the recomputation, so the
-        gradient belongs to a different sample than the loss; Keras's own layers (Dropout,
-        ...) use seeded stateless ops and recompute exactly.
-      - Gradients are those of `memgrad.GradientTape`: a non-trainable weight gets none.
+      - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
+        that hold recomputation back until its gradient is needed, and merge the recomputed
+        ops with the forward ones (common subexpressions), so the memory saving can vanish.
+        If the model's `jit_compile` is on, it is turned off here (with a warning);
+        compiling with ``jit_compile=True`` after this call warns when the step is traced.
+      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
+        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
+        and their outputs are kept, so the gradients belong to the forward's own random
+        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
+        are recomputed and give the same values.
+      - Sources: the step differentiates ``model.trainable_weights``, all of which the
+        tape watches; a weight the loss does not reach gets None (the optimizer skips it),
+        as in Keras's own step.
 
     Args:
       model: a compiled or uncompiled `keras.Model`.
