@@ -313,3 +313,13 @@ def test_fit_hook_under_mirrored_strategy_equals_plain_keras(mirrored_strategy):
     plain_steps = [s - w for s, w in zip(start, plain.get_weights())]
     hooked_steps = [s - w for s, w in zip(start, hooked.get_weights())]
     assert max_relative_error(plain_steps, hooked_steps) <= 1e-5
+
+
+@pytest.mark.slow
+def test_fit_hook_warns_when_compiled_with_xla_after_enabling():
+    model, x, y = residual(depth=2, width=8)
+    memgrad.enable_checkpointing(model)
+    model.compile(optimizer="sgd", loss=loss_fn, jit_compile=True)
+    assert model.jit_compile  # compile after the hook decides; the hook only warns
+    with pytest.warns(UserWarning, match="compiled with jit_compile=True after"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)

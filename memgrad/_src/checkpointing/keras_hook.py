@@ -108,8 +108,9 @@ def enable_checkpointing(model, checkpoints="memory"):
       - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
         that hold recomputation back until its gradient is needed, and merge the recomputed
         ops with the forward ones (common subexpressions), so the memory saving can vanish.
-        If the model's `jit_compile` is on, it is turned off here (with a warning);
-        compiling with ``jit_compile=True`` after this call warns when the step is traced.
+        If the compiled model's `jit_compile` is on, it is turned off here (with a
+        warning); compiling with ``jit_compile=True`` (or ``'auto'`` where that picks XLA,
+        on a GPU) after this call leaves XLA on and warns when the step is traced.
       - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
         ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
         and their outputs are kept, so the gradients belong to the forward's own random
@@ -163,7 +164,7 @@ def enable_checkpointing(model, checkpoints="memory"):
             f"has its own train_step attribute ({vars(model)['train_step']!r}). Use "
             "memgrad.GradientTape inside it instead."
         )
-    if model.jit_compile:
+    if model.compiled and model.jit_compile:  # compile() sets it again: see train_step
         warnings.warn(
             "XLA ignores the control dependencies that keep recomputation late; "
             "memgrad.enable_checkpointing turns jit_compile off for this model.",
