@@ -43,7 +43,7 @@ def _make_train_step(model, checkpoints):
 
     def train_step(data):
         if model.jit_compile and not warned_xla:
-            # compile(jit_compile=True) after enable_checkpointing: warn once per trace.
+            # compile(jit_compile=True) after enable_checkpointing: warn (once per model).
             warned_xla.append(True)
             warnings.warn(
                 "This model was compiled with jit_compile=True after "
