@@ -142,7 +142,6 @@ def test_backend_variable_and_functional_class():
     assert not isinstance(keras.Sequential([keras.layers.Dense(1)]), tf_internals.keras_functional)
 
 
-@pytest.mark.slow
 def test_fit_hook_swaps_nothing_process_wide():
     from keras.src.backend.tensorflow import trainer
 

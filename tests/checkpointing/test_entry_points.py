@@ -185,7 +185,6 @@ def _step_pair(builder, hooked_first, optimizer=lambda: keras.optimizers.SGD(0.1
     return plain, hooked, x, y
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hooked_first", [True, False], ids=["enable-then-compile",
                                                              "compile-then-enable"])
 def test_fit_hook_one_step_equals_plain_keras_step(hooked_first):
@@ -204,7 +203,6 @@ def test_fit_hook_one_step_equals_plain_keras_step(hooked_first):
         np.testing.assert_allclose(h_hooked.history[key], h_plain.history[key], rtol=1e-5)
 
 
-@pytest.mark.slow
 def test_fit_hook_scales_the_loss_like_keras_under_loss_scaling():
     # A LossScaleOptimizer scales the loss before the gradient and unscales the gradients;
     # a hook that skipped either would be off by the scale (2**15).
