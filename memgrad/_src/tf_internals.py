@@ -1,10 +1,17 @@
 """Every private TensorFlow and Keras name memgrad uses, in one place.
 
-memgrad uses public APIs wherever one exists. What is left here has no public equivalent
-(the tape's recording switches, the v1 graph-gradient builder, an op's registered gradient
-function, ...). Each name is imported through `_private`, so a TensorFlow or Keras release
-that moves it fails at ``import memgrad`` with one clear line naming the supported versions
-instead of a traceback from deep inside a technique. tests/test_tf_internals.py checks each.
+memgrad uses public APIs wherever one exists (Graph.create_op, graph.device,
+control_dependencies, op.op_def.is_stateful, tape.watched_variables(), model.jit_compile,
+isinstance(x, tf.Variable), tf.Module.submodules). What is left here has no public
+equivalent: the tape's recording switches, the v1 graph-gradient builders, an op's registered
+gradient function and default-gradient rules, tf.GradientTape's own state (for the
+memgrad.GradientTape subclass), Graph._is_function, Keras's Functional class and the
+tf.Variable inside a Keras variable, the profiler's XSpace protobuf, and TFP's private
+Chain/Invert classes and BatchNormalization's ``_training``. Each is imported through
+`_private` (or checked with `_private_member`), so a TensorFlow or Keras release that moves
+it fails at ``import memgrad`` with one clear line naming the supported versions instead of a
+traceback from deep inside a technique (the TFP ones fail on first use, as TFP is optional).
+tests/test_tf_internals.py checks each.
 """
 
 import importlib
