@@ -69,7 +69,7 @@ def _make_train_step(model, checkpoints):
             # reported loss is the full-batch one, weighted by this replica's batch size.
             replicas = tf.distribute.get_strategy().num_replicas_in_sync
             reported = loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
-            first = next(t for t in keras.tree.flatten(x) if t is not None)
+            first = next(t for t in tf.nest.flatten(x) if t is not None)
             tracker.update_state(reported, sample_weight=tf.shape(first)[0])
         trainable_weights = model.trainable_weights
         if trainable_weights:
