@@ -1,10 +1,17 @@
 """Every private TensorFlow and Keras name memgrad uses, in one place.
 
-memgrad uses public APIs wherever one exists. What is left here has no public equivalent
-(the tape's recording switches, the v1 graph-gradient builder, an op's registered gradient
-function, ...). Each name is imported through `_private`, so a TensorFlow or Keras release
-that moves it fails at ``import memgrad`` with one clear line naming the supported versions
-instead of a traceback from deep inside a technique. tests/test_tf_internals.py checks each.
+memgrad uses public APIs wherever one exists (Graph.create_op, graph.device,
+control_dependencies, op.op_def.is_stateful, tape.watched_variables(), model.jit_compile,
+isinstance(x, tf.Variable), tf.Module.submodules). What is left here has no public
+equivalent: the tape's recording switches, the v1 graph-gradient builders, an op's registered
+gradient function and default-gradient rules, tf.GradientTape's own state (for the
+memgrad.GradientTape subclass), Graph._is_function, Keras's Functional class and the
+tf.Variable inside a Keras variable, the profiler's XSpace protobuf, and TFP's private
+Chain/Invert classes and BatchNormalization's ``_training``. Each is imported through
+`_private` (or checked with `_private_member`), so a TensorFlow or Keras release that moves
+it fails at ``import memgrad`` with one clear line naming the supported versions instead of a
+traceback from deep inside a technique (the TFP ones fail on first use, as TFP is optional).
+tests/test_tf_internals.py checks each.
 """
 
 import importlib
@@ -72,6 +79,14 @@ def _private(module, name=None):
             f"{SUPPORTED}: {what} is missing ({error}). {_received()}") from None
 
 
+def _private_member(owner, name, what):
+    """Checks that ``owner`` (a public class, or an instance of one) still has the private
+    member ``name``; raises an `UnsupportedVersionError` naming ``what`` if not."""
+    if not hasattr(owner, name):
+        raise UnsupportedVersionError(
+            f"{SUPPORTED}: {what}.{name} is missing. {_received()}")
+
+
 # The tape's recording switches (tf.recompute_grad and tf.custom_gradient use them too).
 stop_recording = _private("tensorflow.python.eager.record", "stop_recording")
 could_possibly_record = _private("tensorflow.python.eager.record", "could_possibly_record")
@@ -114,3 +129,65 @@ def tfp_chain_and_invert():
     tfp()
     return (_private("tensorflow_probability.python.bijectors.chain", "_Chain"),
             _private("tensorflow_probability.python.bijectors.invert", "_Invert"))
+
+
+# tf.GradientTape's own state, which memgrad.GradientTape (a subclass) follows so that a
+# non-persistent tape stops recording and computes one set of gradients, as TensorFlow's
+# does. There is no public accessor for "is recording", "is persistent" or "pop the tape".
+for _name in ("_tape", "_recording", "_persistent", "_pop_tape"):
+    _private_member(tf.GradientTape(), _name, "tf.GradientTape")
+
+
+def tape_is_spent(tape):
+    """Whether the tape has no recording left (a non-persistent tape already used, or one
+    never entered): tf.GradientTape raises then."""
+    return tape._tape is None
+
+
+def tape_is_persistent(tape):
+    return tape._persistent
+
+
+def stop_tape_if_recording(tape):
+    """What tf.GradientTape.gradient does first: a non-persistent tape called inside its
+    ``with`` block stops recording (so the gradient ops are not taped)."""
+    if tape._recording and not tape._persistent:
+        tape._pop_tape()
+
+
+def release_tape(tape):
+    """Drops a non-persistent tape's recording after its one gradient computation."""
+    tape._tape = None
+
+
+# Keras: the functional-model class (keras.Model(inputs, outputs) builds one; `convert`
+# rewires only those and Sequential). Keras exports no public class or predicate for it.
+keras_functional = _private("keras.src.models.functional", "Functional")
+
+
+def backend_variable(variable):
+    """The `tf.Variable` behind a Keras 3 variable (or ``variable`` itself).
+
+    Keras keeps it in ``_value``; the public ``.value`` is the same object except inside an
+    autocast scope (a mixed-precision layer's call), where it is a cast copy.
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    return getattr(variable, "_value", variable)
+
+
+def tfp_batchnorm_training(bijector):
+    """The ``training`` a ``tfp.bijectors.BatchNormalization`` was built with (TFP keeps it
+    in ``_training`` with no public accessor)."""
+    _private_member(bijector, "_training", "tfp.bijectors.BatchNormalization")
+    return bijector._training
+
+
+# A TF1-style call of a graph function has the function's name as its op type; whether a
+# type names a function of the graph's library has no public query.
+_private_member(tf.Graph, "_is_function", "tf.Graph")
+
+
+def is_graph_function(graph, op_type):
+    """Whether ``op_type`` is a function registered in ``graph``'s library."""
+    return graph._is_function(op_type)

@@ -162,3 +162,162 @@ def test_fit_hook_under_mirrored_strategy(mirrored_strategy):
         history = model.fit(x, y, epochs=3, batch_size=8, verbose=0)
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def _small_residual():
+    return residual(depth=4, width=16)
+
+
+def _step_pair(builder, hooked_first, optimizer=lambda: keras.optimizers.SGD(0.1),
+               metrics=("accuracy",)):
+    """A plain model and a hooked copy with the same weights, both compiled alike; the
+    hook is enabled before compile (``hooked_first``) or after."""
+    keras.utils.set_random_seed(3)
+    plain, x, y = builder()
+    hooked, _, _ = builder()
+    hooked.set_weights(plain.get_weights())
+    if hooked_first:
+        memgrad.enable_checkpointing(hooked, checkpoints="memory")
+    for model in (plain, hooked):
+        model.compile(optimizer=optimizer(), loss=loss_fn, metrics=list(metrics))
+    if not hooked_first:
+        memgrad.enable_checkpointing(hooked, checkpoints="memory")
+    return plain, hooked, x, y
+
+
+@pytest.mark.parametrize("hooked_first", [True, False], ids=["enable-then-compile",
+                                                             "compile-then-enable"])
+def test_fit_hook_one_step_equals_plain_keras_step(hooked_first):
+    plain, hooked, x, y = _step_pair(_small_residual, hooked_first)
+    start = plain.get_weights()
+    weights = np.linspace(0.5, 1.5, x.shape[0]).astype("float32")  # sample_weight path
+    h_plain = plain.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, verbose=0)
+    with rewritten():
+        h_hooked = hooked.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, verbose=0)
+    # One SGD step: each update is -rate times the gradient, so this compares gradients.
+    plain_steps = [s - w for s, w in zip(start, plain.get_weights())]
+    hooked_steps = [s - w for s, w in zip(start, hooked.get_weights())]
+    assert max_relative_error(plain_steps, hooked_steps) <= 1e-5
+    assert set(h_hooked.history) == set(h_plain.history) == {"loss", "accuracy"}
+    for key in h_plain.history:
+        np.testing.assert_allclose(h_hooked.history[key], h_plain.history[key], rtol=1e-5)
+
+
+def test_fit_hook_scales_the_loss_like_keras_under_loss_scaling():
+    # A LossScaleOptimizer scales the loss before the gradient and unscales the gradients;
+    # a hook that skipped either would be off by the scale (2**15).
+    plain, hooked, x, y = _step_pair(
+        _small_residual, False, metrics=(),
+        optimizer=lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+    start = plain.get_weights()
+    plain.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with rewritten():
+        hooked.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    plain_steps = [s - w for s, w in zip(start, plain.get_weights())]
+    hooked_steps = [s - w for s, w in zip(start, hooked.get_weights())]
+    assert max_relative_error(plain_steps, hooked_steps) <= 1e-5
+
+
+def test_fit_hook_is_per_model():
+    keras.utils.set_random_seed(4)
+    hooked, x, y = BUILDERS["subclassed"]()
+    other, _, _ = BUILDERS["subclassed"]()  # same class, other instance
+    for model in (hooked, other):
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss_fn)
+    memgrad.enable_checkpointing(hooked)
+    assert "train_step" in vars(hooked) and "train_step" not in vars(other)
+    assert other.train_step.__func__ is keras.Model.train_step
+    with memgrad.record_rewrites() as log:
+        other.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert list(log) == [], "a model without the hook went through memgrad"
+    with rewritten():
+        hooked.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_disable_checkpointing_restores_keras_train_step():
+    keras.utils.set_random_seed(5)
+    model, x, y = residual(depth=4, width=16)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss_fn)
+    memgrad.enable_checkpointing(model)
+    with rewritten():
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert memgrad.disable_checkpointing(model) is model
+    assert "train_step" not in vars(model)
+    assert model.train_step.__func__ is keras.Model.train_step
+    with memgrad.record_rewrites() as log:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert list(log) == [], "fit still went through memgrad after disable_checkpointing"
+    memgrad.disable_checkpointing(model)  # a second disable is a no-op
+    assert "train_step" not in vars(model)
+
+
+def test_fit_hook_twice_replaces_the_strategy():
+    model, x, y = residual(depth=4, width=16)
+    memgrad.enable_checkpointing(model, checkpoints="memory")
+    memgrad.enable_checkpointing(model, checkpoints="speed")
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss_fn)
+    with memgrad.record_rewrites() as log:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert [entry.mode for entry in log] == ["speed"]
+    memgrad.disable_checkpointing(model)
+    assert "train_step" not in vars(model)
+
+
+class _OwnStep(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def test_fit_hook_rejects_a_model_with_its_own_train_step():
+    with pytest.raises(TypeError, match=r"_OwnStep overrides it .*memgrad.GradientTape"):
+        memgrad.enable_checkpointing(_OwnStep())
+    model, _, _ = residual(depth=2, width=8)
+    model.train_step = lambda data: {}
+    with pytest.raises(TypeError, match="has its own train_step attribute"):
+        memgrad.enable_checkpointing(model)
+
+
+def test_fit_hook_turns_xla_off_with_a_warning():
+    model, _, _ = residual(depth=2, width=8)
+    model.compile(optimizer="sgd", loss=loss_fn, jit_compile=True)
+    assert model.jit_compile
+    with pytest.warns(UserWarning, match="turns jit_compile off"):
+        memgrad.enable_checkpointing(model)
+    assert model.jit_compile is False
+
+
+@pytest.mark.slow
+def test_fit_hook_under_mirrored_strategy_equals_plain_keras(mirrored_strategy):
+    keras.utils.set_random_seed(6)
+    with mirrored_strategy.scope():
+        plain, x, y = residual(depth=4, width=16)
+        hooked, _, _ = residual(depth=4, width=16)
+        hooked.set_weights(plain.get_weights())
+        for model in (plain, hooked):
+            model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss_fn)
+    memgrad.enable_checkpointing(hooked)
+    start = plain.get_weights()
+    h_plain = plain.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    with rewritten():
+        h_hooked = hooked.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    np.testing.assert_allclose(h_hooked.history["loss"], h_plain.history["loss"], rtol=1e-5)
+    plain_steps = [s - w for s, w in zip(start, plain.get_weights())]
+    hooked_steps = [s - w for s, w in zip(start, hooked.get_weights())]
+    assert max_relative_error(plain_steps, hooked_steps) <= 1e-5
+
+
+@pytest.mark.slow
+def test_fit_hook_warns_when_compiled_with_xla_after_enabling():
+    model, x, y = residual(depth=2, width=8)
+    memgrad.enable_checkpointing(model)
+    model.compile(optimizer="sgd", loss=loss_fn, jit_compile=True)
+    assert model.jit_compile  # compile after the hook decides; the hook only warns
+    with pytest.warns(UserWarning, match="compiled with jit_compile=True after"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)

@@ -243,6 +243,38 @@ def test_analyze_reports_separators_and_checkpoints():
         memgrad.analyze()
 
 
+
+def test_analyze_takes_args_and_kwargs_like_measure():
+    weights = [tf.Variable(tf.random.stateless_normal([32, 32], [i, 5]) * 0.1) for i in range(16)]
+
+    def loss_fn(x, scale=1.0, depth=16):
+        h = x
+        for w in weights[:depth]:
+            h = h + tf.nn.relu(h @ w)
+        return tf.reduce_mean(h * h) * scale
+
+    x = tf.ones([64, 32])
+    inline = memgrad.analyze(loss_fn, x, scale=2.0, depth=12, budget_points=0)
+    tuple_form = memgrad.analyze(loss_fn, args=(x,), kwargs={"scale": 2.0, "depth": 12},
+                                 budget_points=0)
+    single = memgrad.analyze(loss_fn, args=x, kwargs={"scale": 2.0, "depth": 12},
+                             budget_points=0)
+    for report in (tuple_form, single):
+        assert report.checkpoints == inline.checkpoints
+        assert report.forward_ops == inline.forward_ops
+    # The kwargs reached fn: depth=12 traces fewer layers than the default 16.
+    assert memgrad.analyze(loss_fn, args=[x], budget_points=0).forward_ops > inline.forward_ops
+    with pytest.raises(TypeError, match="either as args= or inline"):
+        memgrad.analyze(loss_fn, x, args=(x,))
+    with pytest.raises(TypeError, match="either as kwargs= or inline"):
+        memgrad.analyze(loss_fn, args=(x,), kwargs={"scale": 2.0}, depth=3)
+    with pytest.raises(TypeError, match="Expected kwargs to be a dict.*Received: \\[1\\]"):
+        memgrad.analyze(loss_fn, args=(x,), kwargs=[1])
+    with pytest.raises(TypeError, match="Expected args to be a tuple or list.*Received: 3"):
+        memgrad.analyze(loss_fn, args=3)
+    with pytest.raises(ValueError, match="graph form takes ys= and xs= only"):
+        memgrad.analyze(ys=[x], xs=[x], args=(x,))
+
 def test_checkpoint_layer_marks_for_collection_and_round_trips(tmp_path):
     keras.utils.set_random_seed(4)
     inputs = keras.Input((16,))

@@ -9,6 +9,7 @@ from memgrad._src.checkpointing.budget import budget_curve
 from memgrad._src.checkpointing.strategies import choose
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.view import ForwardGraph
+from memgrad._src.profiler.measure import positional_args
 from memgrad._src.units import format_bytes
 
 
@@ -144,8 +145,8 @@ def _from_function(fn, args, kwargs):
 
 
 @tf.autograph.experimental.do_not_convert
-def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", budget_points=6,
-            **kwargs):
+def analyze(fn=None, *positional, args=None, kwargs=None, ys=None, xs=None,
+            checkpoints="memory", budget_points=6, **keywords):
     """Trace a computation, find its separators and the checkpoints a strategy would keep.
 
     Call it one of three ways: with a Python function returning the loss and example
@@ -153,35 +154,66 @@ def analyze(fn=None, *args, ys=None, xs=None, checkpoints="memory", budget_point
     trainable variables it reads); with a `tf.function` or concrete function; or, inside a
     graph, with `ys=` and `xs=`.
 
+    The example arguments are given as in `memgrad.profiler.measure`: ``args=`` (a tuple or
+    list, or one tensor or array standing for the one argument) and ``kwargs=`` (a dict).
+    The older form, ``analyze(fn, x, y, training=True)`` with the arguments inline, still
+    works; it cannot pass ``fn`` a keyword argument named like one of analyze's own
+    (``args``, ``kwargs``, ``ys``, ``xs``, ``checkpoints``, ``budget_points``): use
+    ``kwargs=`` for those. The two forms cannot be mixed in one call.
+
     Args:
       fn: a function returning the loss, a `tf.function`, or a concrete function.
-      *args: example arguments for tracing `fn`.
+      *positional: (older form) example positional arguments for tracing `fn`.
+      args: example positional arguments for tracing `fn`: a tuple or list, or a single
+        tensor or NumPy array passed as the one argument.
+      kwargs: a dict of example keyword arguments for tracing `fn`.
       ys: (graph form) tensors to differentiate.
       xs: (graph form) tensors or variables.
       checkpoints: the strategy to evaluate (see `memgrad.gradients`).
       budget_points: how many budgets the budget curve evaluates (0: no curve).
-      **kwargs: example keyword arguments for tracing `fn`.
+      **keywords: (older form) example keyword arguments for tracing `fn`.
 
     Returns:
       An `Analysis`; `print(analysis)` shows the summary.
 
+    Raises:
+      TypeError: ``args`` or ``kwargs`` of the wrong type, or both forms in one call.
+      ValueError: neither a function nor ``ys=`` and ``xs=``, or both; example arguments
+        in the graph form; nothing connects xs to ys.
+
     Example:
       ```python
       model = keras.Sequential([keras.layers.Dense(256, activation="relu")] * 32)
-      report = memgrad.analyze(lambda x: tf.reduce_sum(model(x)), tf.ones([64, 256]))
+      report = memgrad.analyze(lambda x: tf.reduce_sum(model(x)), args=(tf.ones([64, 256]),))
       print(report)
       ```
     """
     start = time.perf_counter()
+    if args is not None and positional:
+        raise TypeError(
+            "analyze takes example arguments either as args= or inline after fn, not both. "
+            f"Received args={args!r} and {len(positional)} inline argument(s)")
+    if kwargs is not None and keywords:
+        raise TypeError(
+            "analyze takes example keyword arguments either as kwargs= or inline, not both. "
+            f"Received kwargs={kwargs!r} and inline {sorted(keywords)}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"Expected kwargs to be a dict of keyword arguments. Received: {kwargs!r}")
+    call_args = positional_args(args) if args is not None else positional
+    call_kwargs = dict(kwargs) if kwargs is not None else keywords
     if fn is not None:
         if ys is not None or xs is not None:
             raise ValueError("Pass either a function or ys= and xs=, not both.")
-        ys, xs = _from_function(fn, args, kwargs)
+        ys, xs = _from_function(fn, call_args, call_kwargs)
     elif ys is None or xs is None:
         raise ValueError(
             "analyze needs a function (with example arguments) or both ys= and xs=. "
             f"Received fn=None, ys={ys!r}, xs={xs!r}"
         )
+    elif call_args or call_kwargs:
+        raise ValueError(
+            "Example arguments (args=, kwargs=) go with a function; the graph form takes ys= "
+            f"and xs= only. Received args={call_args!r}, kwargs={call_kwargs!r}")
     ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
     xs = list(xs) if isinstance(xs, (list, tuple)) else [xs]
     view = ForwardGraph(ys, xs)

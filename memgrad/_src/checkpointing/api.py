@@ -204,6 +204,20 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     intermediate tensor) gets the gradient reaching it while the xs upstream of it get
     their whole gradient, including the part that flows through it.
 
+    Caveats:
+      - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
+        that hold recomputation back until its gradient is needed, and merge the recomputed
+        ops with the forward ones (common subexpressions), so the memory saving can vanish.
+        Gradients stay correct.
+      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
+        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
+        and their outputs are kept, so the gradients belong to the forward's own random
+        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
+        are recomputed and give the same values.
+      - Unconnected and unused sources: an x no y depends on gets None, or zeros with
+        ``unconnected_gradients='zero'``, exactly like `tf.gradients` (there is no tape,
+        so nothing is "unwatched").
+
     Raises:
       RuntimeError: when called eagerly.
       ValueError: when a checkpoint is not a forward tensor, or `grad_ys` do not match ys
@@ -348,6 +362,21 @@ def monkey_patch(checkpoints="memory"):
     `memgrad.unpatch()` restores TensorFlow's functions. Code that imported the function
     itself before the patch (`from tensorflow import gradients`) keeps the original.
     Calling it again changes the strategy.
+
+    Caveats:
+      - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
+        that hold recomputation back until its gradient is needed, and merge the recomputed
+        ops with the forward ones (common subexpressions), so the memory saving can vanish.
+        Gradients stay correct.
+      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
+        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
+        and their outputs are kept, so the gradients belong to the forward's own random
+        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
+        are recomputed and give the same values.
+      - Only `tf.gradients` and its aliases are patched: `tf.GradientTape` (and so Keras's
+        own `fit`) is not; use `memgrad.GradientTape` or `memgrad.enable_checkpointing`.
+        An x no y depends on gets None (zeros with ``unconnected_gradients='zero'``), as
+        with `tf.gradients`.
 
     Args:
       checkpoints: the strategy every patched call uses (see `memgrad.gradients`).

@@ -1,82 +1,124 @@
-"""Checkpointed `model.fit` for any Keras model, and a layer that marks checkpoints.
+"""Checkpointed `model.fit` for any Keras model.
 
-Keras 3's TensorFlow trainer builds its training step with `tf.GradientTape`. The hook
-wraps the model's `train_step` so that, while it is being traced, the trainer's
-`tf.GradientTape` is `memgrad.GradientTape`. The switch is thread-local (each replica of a
-`tf.distribute` strategy traces in its own thread) and applies to this model only.
+`enable_checkpointing` gives one model its own `train_step` (an attribute of that model
+instance, nothing process-wide): Keras's documented recipe for customizing `fit` with the
+TensorFlow backend, with `memgrad.GradientTape` in place of `tf.GradientTape`. Other models
+in the process, and other instances of the same class, keep Keras's own `train_step`.
 """
 
-import contextlib
-import threading
-import types
+import inspect
 import warnings
 
 import keras
 import tensorflow as tf
 
-from memgrad._src.checkpointing.api import checkpoint
 from memgrad._src.checkpointing.tape import GradientTape
 
-_state = threading.local()
-_install_lock = threading.Lock()
+_MARK = "__memgrad_checkpoints__"  # set on the train_step functions this module makes
 
 
-class _TensorFlowWithCheckpointedTape(types.ModuleType):
-    """`tensorflow` as the Keras trainer sees it, with a switchable `GradientTape`."""
-
-    def __init__(self, module):
-        super().__init__(module.__name__)
-        self._module = module
-
-    def __getattr__(self, name):
-        if name == "GradientTape":
-            checkpoints = getattr(_state, "checkpoints", None)
-            if checkpoints is not None:
-                return lambda *args, **kwargs: GradientTape(
-                    *args, checkpoints=checkpoints, **kwargs
-                )
-        return getattr(self._module, name)
-
-
-def _trainer_module():
-    from keras.src.backend.tensorflow import trainer  # Keras 3, TensorFlow backend
-
-    return trainer
-
-
-def _install():
-    with _install_lock:
-        trainer = _trainer_module()
-        current = getattr(trainer, "tf", None)
-        if isinstance(current, _TensorFlowWithCheckpointedTape):
-            return
-        if current is not tf:
-            raise RuntimeError(
-                "memgrad.enable_checkpointing supports Keras 3's TensorFlow trainer, which "
-                "builds its step with tf.GradientTape. Received a Keras whose trainer "
-                f"module does not (keras {keras.__version__})."
-            )
-        trainer.tf = _TensorFlowWithCheckpointedTape(tf)
-
-
-@contextlib.contextmanager
-def _checkpointed_tapes(checkpoints):
-    previous = getattr(_state, "checkpoints", None)
-    _state.checkpoints = checkpoints
+def _takes_training(method):
+    """Whether ``model.compute_loss`` accepts ``training=`` (added in Keras 3.3; an override
+    written for Keras 3.0-3.2 may not)."""
     try:
-        yield
-    finally:
-        _state.checkpoints = previous
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return True
+    return "training" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _loss_tracker(model):
+    """The "loss" metric `compile` creates (the first of `model.metrics`), or None."""
+    if not model.compiled:
+        return None
+    return next((m for m in model.metrics if m.name == "loss"), None)
+
+
+def _make_train_step(model, checkpoints):
+    """A `train_step` for ``model``: Keras's documented custom-step recipe
+    (keras.io, "Customizing what happens in fit() with TensorFlow") on a memgrad tape."""
+    loss_takes_training = _takes_training(model.compute_loss)
+    warned_xla = []
+
+    def train_step(data):
+        if model.jit_compile and not warned_xla:
+            # compile(jit_compile=True) after enable_checkpointing: warn (once per model).
+            warned_xla.append(True)
+            warnings.warn(
+                "This model was compiled with jit_compile=True after "
+                "memgrad.enable_checkpointing: XLA may merge the recomputation back into the "
+                "forward pass and the memory saving can vanish. Compile with "
+                "jit_compile=False, or call enable_checkpointing after compile.",
+                stacklevel=2,
+            )
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with GradientTape(checkpoints=checkpoints) as tape:
+            y_pred = model(x, training=True)
+            loss_kwargs = {"training": True} if loss_takes_training else {}
+            loss = model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, **loss_kwargs)
+            # The loss we differentiate: scaled up under mixed precision (a
+            # LossScaleOptimizer's scale_loss; identity for other optimizers).
+            scaled = loss
+            if model.optimizer is not None and hasattr(model.optimizer, "scale_loss"):
+                scaled = model.optimizer.scale_loss(loss)
+        tracker = _loss_tracker(model)
+        if tracker is not None:
+            # compute_loss divides by the number of replicas (the all-reduce sums); the
+            # reported loss is the full-batch one, weighted by this replica's batch size.
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            reported = loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
+            first = next(t for t in tf.nest.flatten(x) if t is not None)
+            tracker.update_state(reported, sample_weight=tf.shape(first)[0])
+        trainable_weights = model.trainable_weights
+        if trainable_weights:
+            grads = tape.gradient(scaled, trainable_weights)
+            model.optimizer.apply(grads, trainable_weights)  # unscales under mixed precision
+        else:
+            warnings.warn("The model does not have any trainable weights.", stacklevel=2)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    setattr(train_step, _MARK, checkpoints)
+    return train_step
+
+
+def _own_train_step(model):
+    """The train_step this module set on ``model``, or None."""
+    step = vars(model).get("train_step")
+    return step if step is not None and hasattr(step, _MARK) else None
 
 
 def enable_checkpointing(model, checkpoints="memory"):
-    """Make `model.fit` train with checkpointed gradients.
+    """Make `model.fit` train this model with checkpointed gradients.
+
+    The model gets its own `train_step` (set on the instance; no other model, and nothing
+    process-wide, changes): Keras's documented custom-`train_step` recipe with
+    `memgrad.GradientTape`. It unpacks ``(x, y, sample_weight)``, runs
+    ``model(x, training=True)`` and ``model.compute_loss``, scales the loss under mixed
+    precision, applies the checkpointed gradients with ``model.optimizer.apply`` and returns
+    ``model.compute_metrics``. It may be called before or after `compile`; calling it again
+    replaces the strategy, and `disable_checkpointing` restores Keras's `train_step`.
 
     Works on Sequential, functional and subclassed models that use Keras's own
-    `train_step`. A model that defines its own `train_step` should use
-    `memgrad.GradientTape` in it instead (a warning says so). XLA drops the control
-    dependencies that keep recomputation late, so `jit_compile` is turned off for the model
-    (with a warning) if it was on.
+    `train_step`. A model class that overrides `train_step` is rejected (its step would be
+    silently replaced): use `memgrad.GradientTape` inside that `train_step` instead.
+
+    Caveats:
+      - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
+        that hold recomputation back until its gradient is needed, and merge the recomputed
+        ops with the forward ones (common subexpressions), so the memory saving can vanish.
+        If the compiled model's `jit_compile` is on, it is turned off here (with a
+        warning); compiling with ``jit_compile=True`` (or ``'auto'`` where that picks XLA,
+        on a GPU) after this call leaves XLA on and warns when the step is traced.
+      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
+        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
+        and their outputs are kept, so the gradients belong to the forward's own random
+        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
+        are recomputed and give the same values.
+      - Sources: the step differentiates ``model.trainable_weights``, all of which the
+        tape watches; a weight the loss does not reach gets None (the optimizer skips it),
+        as in Keras's own step.
 
     Args:
       model: a compiled or uncompiled `keras.Model`.
@@ -85,9 +127,15 @@ def enable_checkpointing(model, checkpoints="memory"):
     Returns:
       The same model, for chaining.
 
+    Raises:
+      TypeError: ``model`` is not a `keras.Model`, or its class overrides `train_step`.
+      ValueError: ``checkpoints`` is None.
+      RuntimeError: the Keras backend is not TensorFlow.
+
     Example:
       ```python
       model = memgrad.enable_checkpointing(model, checkpoints="memory")
+      model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
       model.fit(x, y, batch_size=256)
       ```
     """
@@ -102,37 +150,34 @@ def enable_checkpointing(model, checkpoints="memory"):
         )
     if checkpoints is None:
         raise ValueError("checkpoints must be a strategy; use disable_checkpointing to undo.")
-    _install()
-    trainer = _trainer_module()
-    if type(model).train_step is not trainer.TensorFlowTrainer.train_step:
-        warnings.warn(
-            f"{type(model).__name__} defines its own train_step; checkpointing reaches it "
-            "only if it calls super().train_step or uses tf.GradientTape from Keras's "
-            "trainer. Use memgrad.GradientTape inside it to be sure.",
-            stacklevel=2,
+    if type(model).train_step is not keras.Model.train_step:
+        owner = next(c for c in type(model).__mro__ if "train_step" in vars(c))
+        raise TypeError(
+            f"enable_checkpointing replaces Keras's own train_step, but {type(model).__name__} "
+            f"overrides it (in {owner.__module__}.{owner.__qualname__}); replacing it would "
+            "drop your step. Use memgrad.GradientTape(checkpoints=...) in place of "
+            "tf.GradientTape inside that train_step instead."
         )
-    disable_checkpointing(model)
-    original = model.train_step
-
-    def train_step(data):
-        with _checkpointed_tapes(checkpoints):
-            return original(data)
-
-    model.train_step = train_step
-    model._memgrad_checkpoints = checkpoints
-    if getattr(model, "_jit_compile", None):
+    if "train_step" in vars(model) and _own_train_step(model) is None:
+        raise TypeError(
+            "enable_checkpointing replaces Keras's own train_step, but this model instance "
+            f"has its own train_step attribute ({vars(model)['train_step']!r}). Use "
+            "memgrad.GradientTape inside it instead."
+        )
+    if model.compiled and model.jit_compile:  # compile() sets it again: see train_step
         warnings.warn(
             "XLA ignores the control dependencies that keep recomputation late; "
             "memgrad.enable_checkpointing turns jit_compile off for this model.",
             stacklevel=2,
         )
         model.jit_compile = False
-    model.train_function = None
+    model.train_step = _make_train_step(model, checkpoints)
+    model.train_function = None  # traced again, with the new step
     return model
 
 
 def disable_checkpointing(model):
-    """Undo `enable_checkpointing`: `model.fit` uses plain gradients again.
+    """Undo `enable_checkpointing`: `model.fit` uses Keras's own `train_step` again.
 
     Args:
       model: a `keras.Model` (one never passed to `enable_checkpointing` is
@@ -146,9 +191,7 @@ def disable_checkpointing(model):
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"disable_checkpointing expects a keras.Model. Received: {model!r}")
-    if "train_step" in vars(model):
+    if _own_train_step(model) is not None:
         del model.train_step
         model.train_function = None
-    if hasattr(model, "_memgrad_checkpoints"):
-        del model._memgrad_checkpoints
     return model

@@ -22,6 +22,7 @@ checkpoints and their gradient is taken on the original op.
 """
 
 import collections
+import contextlib
 import time
 
 import networkx as nx
@@ -165,19 +166,21 @@ class _Rewrite:
                         inputs.append(ports[ref][1])
                     else:
                         inputs.append(t)
-                new = graph._create_op_internal(
-                    op.type,
-                    inputs,
-                    [o.dtype for o in op.outputs],
-                    name=op.name.split("/")[-1],
-                    attrs=dict(op.node_def.attr),
-                    op_def=op.op_def,
-                )
-                if op.device:
-                    new._set_device(op.device)
+                # The copy runs where the original ran and after what it waited for: the
+                # original's device and control inputs (copies of them, when copied) as
+                # scopes around Graph.create_op.
                 extra = [op_mapping.get(o, o) for o in op.control_inputs]
-                if extra:
-                    new._add_control_inputs(extra)
+                device = graph.device(op.device) if op.device else contextlib.nullcontext()
+                waits = graph.control_dependencies(extra) if extra else contextlib.nullcontext()
+                with device, waits:
+                    new = graph.create_op(
+                        op.type,
+                        inputs,
+                        [o.dtype for o in op.outputs],
+                        name=op.name.split("/")[-1],
+                        attrs=dict(op.node_def.attr),
+                        op_def=op.op_def,
+                    )
                 op_mapping[op] = new
                 for old, copy in zip(op.outputs, new.outputs):
                     copy.set_shape(old.shape)

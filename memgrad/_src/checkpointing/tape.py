@@ -4,6 +4,7 @@ import warnings
 
 import tensorflow as tf
 
+from memgrad._src import tf_internals
 from memgrad._src.checkpointing.api import gradients, unconnected_gradients_for
 
 _warned_eager = []
@@ -31,6 +32,23 @@ class GradientTape(tf.GradientTape):
     not the tape watched them; variables behave as with `tf.GradientTape`: one the tape did
     not watch (with `watch_accessed_variables=False`, one not passed to `watch`) gets None.
     A non-persistent tape computes one set of gradients; a second `gradient` call raises.
+
+    Caveats:
+      - XLA: with ``jit_compile=True`` the compiler may drop the control dependencies
+        that hold recomputation back until its gradient is needed, and merge the recomputed
+        ops with the forward ones (common subexpressions), so the memory saving can vanish.
+        Gradients stay correct.
+      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
+        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
+        and their outputs are kept, so the gradients belong to the forward's own random
+        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
+        are recomputed and give the same values.
+      - Unwatched sources: a variable the tape did not watch (with
+        ``watch_accessed_variables=False``, one not passed to `watch`) gets None, or zeros
+        with ``unconnected_gradients='zero'``, like `tf.GradientTape`. A *tensor* source
+        is the exception: inside a `tf.function` it is differentiated whether or not it
+        was watched (`tf.gradients`' rule), where `tf.GradientTape` would return None.
+        In eager mode the tape is `tf.GradientTape` and follows its rules exactly.
 
     Args:
       persistent: as for `tf.GradientTape`.
@@ -80,14 +98,13 @@ class GradientTape(tf.GradientTape):
                 target, sources, output_gradients=output_gradients,
                 unconnected_gradients=unconnected_gradients,
             )
-        if self._tape is None:
+        if tf_internals.tape_is_spent(self):
             # tf.GradientTape's own rule and message.
             raise RuntimeError(
                 "A non-persistent GradientTape can only be used to compute one set of "
                 "gradients (or jacobians)"
             )
-        if self._recording and not self._persistent:
-            self._pop_tape()
+        tf_internals.stop_tape_if_recording(self)
         flat_targets = tf.nest.flatten(target)
         flat_sources = tf.nest.flatten(sources, expand_composites=False)
         grad_ys = None
@@ -99,8 +116,8 @@ class GradientTape(tf.GradientTape):
         variables = [_variable_of(s) for s in flat_sources]
         unwatched = [v is not None and v.ref() not in watched for v in variables]
         wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
-        if not self._persistent:
-            self._tape = None
+        if not tf_internals.tape_is_persistent(self):
+            tf_internals.release_tape(self)
         grads = iter(gradients(
             flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
             unconnected_gradients=unconnected_gradients,

@@ -93,7 +93,7 @@ def _probe(op):
     try:
         with scratch.as_default():
             inputs = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.inputs]
-            copy = scratch._create_op_internal(
+            copy = scratch.create_op(
                 op.type, inputs, [t.dtype for t in op.outputs],
                 attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")},
                 op_def=op.op_def,

@@ -37,7 +37,7 @@ def is_differentiable(dtype):
 def is_function_call(op):
     """True for an op that calls a graph function (a nested `tf.function`)."""
     return op.type in ("PartitionedCall", "StatefulPartitionedCall") or (
-        op.graph._is_function(op.type)
+        tf_internals.is_graph_function(op.graph, op.type)
     )
 
 
@@ -112,7 +112,8 @@ def is_variable_read(op):
     """A read of a variable: ReadVariableOp, or the Identity a TF1 reference variable reads by."""
     if op.type == "ReadVariableOp":
         return True
-    return op.type == "Identity" and op.inputs[0].dtype._is_ref_dtype
+    dtype = op.inputs[0].dtype if op.type == "Identity" else None
+    return dtype is not None and dtype != dtype.base_dtype  # a reference dtype
 
 
 def _is_parameter_source(op):
@@ -217,7 +218,7 @@ class ForwardGraph:
         for op in ordered:
             if _is_parameter_source(op):
                 parameter_like.add(op)
-            elif op.inputs and not op._is_stateful and all(
+            elif op.inputs and not op.op_def.is_stateful and all(
                 t.op in parameter_like for t in op.inputs
             ):
                 parameter_like.add(op)
@@ -244,7 +245,7 @@ class ForwardGraph:
         for op in sorted(self.region, key=self._order.__getitem__):
             if op in self._parameter_like:
                 continue
-            if op.type == "Placeholder" or (op._is_stateful and not _is_parameter_source(op)):
+            if op.type == "Placeholder" or (op.op_def.is_stateful and not _is_parameter_source(op)):
                 dependent.add(op)
             elif any(t.op in dependent for t in op.inputs):
                 dependent.add(op)
@@ -282,7 +283,7 @@ class ForwardGraph:
             bool(op.inputs)
             and op.type not in NEVER_RECOMPUTED
             and not is_variable_read(op)
-            and not op._is_stateful
+            and not op.op_def.is_stateful
             and all(t.dtype not in (tf.resource, tf.variant) for t in op.inputs)
             and all(t.dtype not in (tf.resource, tf.variant) for t in op.outputs)
         )

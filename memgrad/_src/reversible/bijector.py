@@ -77,12 +77,12 @@ def _is_training_batchnorm(bijector):
     """Whether ``bijector`` is a ``tfb.BatchNormalization`` that normalises with batch statistics."""
     if not isinstance(bijector, tf_internals.tfp().bijectors.BatchNormalization):
         return False
-    training = tf.get_static_value(bijector._training)  # noqa: SLF001  (tfp keeps no public accessor)
+    training = tf.get_static_value(tf_internals.tfp_batchnorm_training(bijector))
     if training is None:
         raise ValueError(
             "BijectorBlock needs to know, when the stack is built, whether a "
             "tfp.bijectors.BatchNormalization uses batch statistics: pass training=True or "
-            f"training=False. Received: training={bijector._training!r} in bijector "  # noqa: SLF001
+            f"training=False. Received: training={tf_internals.tfp_batchnorm_training(bijector)!r} in bijector "
             f"'{bijector.name}'"
         )
     return bool(training)
@@ -188,7 +188,7 @@ class BijectorBlock(ReversibleBlock):
         gradients for this list and apply them with any optimizer.
         """
         keras_variables = self.trainable_variables
-        inner = {id(getattr(v, "_value", v)) for v in keras_variables}
+        inner = {id(tf_internals.backend_variable(v)) for v in keras_variables}
         own = [v for v in self.bijector.trainable_variables if id(v) not in inner]
         return keras_variables + own
 
@@ -196,8 +196,8 @@ class BijectorBlock(ReversibleBlock):
     def _leaves_if_batchnorm(bijector):
         """The bijector's leaves when a training-mode BatchNormalization needs handling, else ``None``."""
         leaves = _leaves(bijector)
-        nested = bijector._flatten(  # noqa: SLF001  (tf.Module's own walk over its attributes)
-            predicate=lambda m: isinstance(m, tf_internals.tfp().bijectors.BatchNormalization))
+        batchnorm = tf_internals.tfp().bijectors.BatchNormalization
+        nested = [m for m in bijector.submodules if isinstance(m, batchnorm)]
         reachable = {id(leaf) for leaf, _ in leaves}
         hidden = [m for m in nested if id(m) not in reachable and _is_training_batchnorm(m)]
         if hidden:

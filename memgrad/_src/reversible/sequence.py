@@ -39,7 +39,7 @@ def _variable_keys(block):
     """Keys of the TensorFlow variables behind a block's Keras variables (and their replicas)."""
     keys = set()
     for variable in block.trainable_variables:
-        inner = getattr(variable, "_value", variable)  # a Keras variable wraps a tf.Variable
+        inner = tf_internals.backend_variable(variable)
         keys.add(id(inner))
         keys.update(id(component) for component in getattr(inner, "values", ()))
     return keys

@@ -6,6 +6,7 @@ import dataclasses
 
 import keras
 
+from memgrad._src import tf_internals
 from memgrad._src.selective.dropout import Dropout
 from memgrad._src.selective.linear import Conv1D, Conv2D, Conv2DTranspose, Conv3D, Dense
 from memgrad._src.selective.normalization import BatchNormalization
@@ -105,8 +106,7 @@ def convert(model, return_report=False):
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"convert() expects a Keras Model. Received: {model!r}")
-    if not (isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)
-            or type(model) is keras.Model or type(model).__name__ == "Functional"):
+    if not isinstance(model, (keras.Sequential, tf_internals.keras_functional)):
         raise ValueError(
             "convert() rewires Sequential and functional models; a subclassed model's call() "
             f"cannot be rewired, use memgrad.layers' selective layers in it directly. Received: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -17,6 +19,18 @@ class _SavedForRelu:
         self.mask, self.output = mask, None
 
 
+# What each masked ReLU output's backward reads, by id of the output (EagerTensors are not
+# hashable, and memgrad sets no attributes on TensorFlow's objects). An entry leaves when its
+# tensor is freed (a weakref finalizer) or once a consumer shares the tensor.
+_saved_for_output = {}
+
+
+def _remember(tensor, saved):
+    key = id(tensor)
+    _saved_for_output[key] = saved
+    weakref.finalize(tensor, _saved_for_output.pop, key, None)
+
+
 def share_kept_input(tensor) -> None:
     """Tells the masked ReLU that produced ``tensor`` (if one did) that ``tensor`` is kept anyway.
 
@@ -24,7 +38,7 @@ def share_kept_input(tensor) -> None:
     drops its mask and reads ``tensor > 0`` instead, so a ReLU feeding a trainable
     layer costs no more than Keras's ReLU (which keeps its output).
     """
-    saved = getattr(tensor, "_memgrad_relu_saved", None)
+    saved = _saved_for_output.pop(id(tensor), None)  # popped: `saved` now holds the tensor
     if saved is not None:
         saved.output, saved.mask = tensor, None
 
@@ -47,7 +61,7 @@ def masked_relu(x):
     with stop_recording():
         y = tf.nn.relu(x)
         saved = _SavedForRelu(x > 0)
-    y._memgrad_relu_saved = saved  # lets the next layer share what it keeps
+    _remember(y, saved)  # lets the next layer share what it keeps
 
     def backward(dy):
         if saved.mask is None:  # the output is kept anyway: TensorFlow's own kernel

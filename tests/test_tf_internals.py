@@ -1,0 +1,161 @@
+"""memgrad/_src/tf_internals.py: every private TensorFlow/Keras/TFP name resolves, a missing
+one fails with the supported range, and the version check; the fit hook swaps nothing."""
+
+import types
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import memgrad
+from memgrad._src import tf_internals
+from memgrad._src.tf_internals import UnsupportedVersionError
+
+_NOT_NAMES = {"TF_RANGE", "KERAS_RANGE", "SUPPORTED", "UnsupportedVersionError", "check_versions",
+              "importlib", "warnings", "keras", "tf"}
+_RANGE = "memgrad supports TensorFlow 2.16-2.21 and Keras 3.0-3.15 with the TensorFlow backend"
+
+
+def _exported():
+    return sorted(name for name in vars(tf_internals)
+                  if not name.startswith("_") and name not in _NOT_NAMES)
+
+
+def test_the_range_in_messages_is_the_declared_one():
+    assert tf_internals.SUPPORTED == _RANGE
+
+
+@pytest.mark.parametrize("name", _exported())
+def test_every_exported_name_resolves(name):
+    value = getattr(tf_internals, name)
+    assert callable(value) or isinstance(value, types.ModuleType), f"{name} is {value!r}"
+
+
+@pytest.mark.slow  # imports TensorFlow Probability (about 10 s)
+def test_lazy_names_resolve_to_what_memgrad_uses():
+    assert hasattr(tf_internals.xplane_pb2(), "XSpace")
+    tfp = tf_internals.tfp()
+    chain_cls, invert_cls = tf_internals.tfp_chain_and_invert()
+    bn = tfp.bijectors.BatchNormalization(training=False)
+    assert isinstance(tfp.bijectors.Chain([tfp.bijectors.Exp(), bn]), chain_cls)
+    assert isinstance(tfp.bijectors.Invert(bn), invert_cls)
+    assert tf_internals.tfp_batchnorm_training(bn) is False
+
+
+def test_private_on_a_missing_module_names_the_range_and_the_versions():
+    with pytest.raises(UnsupportedVersionError) as raised:
+        tf_internals._private("tensorflow.python.no_such_module_memgrad")
+    message = str(raised.value)
+    assert _RANGE in message
+    assert "tensorflow.python.no_such_module_memgrad is missing" in message
+    assert f"Received: TensorFlow {tf.__version__}, Keras {keras.__version__}" in message
+    assert isinstance(raised.value, ImportError)  # an import-time failure, catchable as one
+
+
+def test_private_on_a_missing_attribute_names_the_range_and_the_versions():
+    with pytest.raises(UnsupportedVersionError) as raised:
+        tf_internals._private("tensorflow.python.eager.record", "no_such_switch")
+    message = str(raised.value)
+    assert _RANGE in message and "tensorflow.python.eager.record.no_such_switch is missing" in message
+    assert f"Received: TensorFlow {tf.__version__}, Keras {keras.__version__}" in message
+
+
+def test_private_member_on_a_missing_member_names_the_range():
+    with pytest.raises(UnsupportedVersionError, match=r"tf.GradientTape._no_such_member is missing"):
+        tf_internals._private_member(tf.GradientTape, "_no_such_member", "tf.GradientTape")
+    tf_internals._private_member(tf.GradientTape, "_pop_tape", "tf.GradientTape")  # present
+
+
+@pytest.mark.parametrize("versions, received", [
+    (dict(tf_version="2.15.0"), "TensorFlow 2.15.0"),
+    (dict(keras_version="2.15.0"), "Keras 2.15.0"),
+    (dict(backend="jax"), "(backend 'jax')"),
+])
+def test_check_versions_rejects_unsupported(versions, received):
+    with pytest.raises(UnsupportedVersionError) as raised:
+        tf_internals.check_versions(**versions)
+    assert _RANGE in str(raised.value) and received in str(raised.value)
+
+
+def test_check_versions_warns_past_the_tested_range_and_accepts_the_installed_one():
+    with pytest.warns(UserWarning, match=r"newer versions are untested. Received: TensorFlow 2.99.0"):
+        tf_internals.check_versions(tf_version="2.99.0")
+    with pytest.warns(UserWarning, match=r"Keras 3.99.1"):
+        tf_internals.check_versions(keras_version="3.99.1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tf_internals.check_versions()
+        tf_internals.check_versions(tf_version="2.16.1", keras_version="3.0.0",
+                                    backend="tensorflow")
+
+
+def test_tape_helpers_follow_tf_gradient_tape():
+    x = tf.constant(3.0)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = x * x
+        assert not tf_internals.tape_is_spent(tape)
+        assert not tf_internals.tape_is_persistent(tape)
+        tf_internals.stop_tape_if_recording(tape)
+        z = y * x  # not recorded any more
+    assert float(tape.gradient(y, x)) == 6.0
+    with tf.GradientTape(persistent=True) as kept:
+        kept.watch(x)
+        y = x * x
+        tf_internals.stop_tape_if_recording(kept)  # a persistent tape keeps recording
+        z = y * x
+    assert tf_internals.tape_is_persistent(kept)
+    assert float(kept.gradient(z, x)) == 27.0
+    tf_internals.release_tape(kept)
+    assert tf_internals.tape_is_spent(kept)
+    assert tf_internals.tape_is_spent(tf.GradientTape())  # never entered
+
+
+def test_is_graph_function_sees_the_library():
+    @tf.function
+    def inner(x):
+        return x * 2.0
+
+    @tf.function
+    def outer(x):
+        return inner(x) + 1.0
+
+    graph = outer.get_concrete_function(tf.constant(1.0)).graph
+    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    assert calls
+    name = calls[0].get_attr("f").name
+    assert tf_internals.is_graph_function(graph, name)
+    assert not tf_internals.is_graph_function(graph, "MatMul")
+
+
+def test_backend_variable_and_functional_class():
+    variable = keras.Variable(np.ones(3, "float32"))
+    inner = tf_internals.backend_variable(variable)
+    assert isinstance(inner, tf.Variable) and inner is not variable
+    plain = tf.Variable(1.0)
+    assert tf_internals.backend_variable(plain) is plain
+    inputs = keras.Input((2,))
+    functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    assert isinstance(functional, tf_internals.keras_functional)
+    assert not isinstance(keras.Sequential([keras.layers.Dense(1)]), tf_internals.keras_functional)
+
+
+def test_fit_hook_swaps_nothing_process_wide():
+    from keras.src.backend.tensorflow import trainer
+
+    keras_step = trainer.TensorFlowTrainer.train_step
+    inputs = keras.Input((8,))
+    h = inputs
+    for _ in range(6):
+        h = keras.layers.Dense(8, activation="tanh")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(optimizer="sgd", loss="mse")
+    memgrad.enable_checkpointing(model)
+    model.fit(np.ones((8, 8), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+    assert trainer.tf is tf, "Keras's trainer module no longer sees the real tensorflow module"
+    assert trainer.TensorFlowTrainer.train_step is keras_step
+    assert keras.Model.train_step is keras_step
+    assert tf.GradientTape is not memgrad.GradientTape
+    memgrad.disable_checkpointing(model)
