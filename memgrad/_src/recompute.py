@@ -114,6 +114,8 @@ class _Recomputed:
             state_of = _PreSnapshot(layer.non_trainable_variables)
         else:
             state_of = CaptureScope()
+            with tf.init_scope():  # created outside the scope, where Keras initialises it
+                tf_internals.keras_global_seed_generator()
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         ops_before = None if graph is None else len(graph.get_operations())
         out_structure = []
