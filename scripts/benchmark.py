@@ -380,7 +380,7 @@ def _try_step(make, x):
         step(x).numpy()
         return step, None
     except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
-        from memgrad.cli import one_line
+        from memgrad.cli.report import one_line
 
         return None, f"{type(error).__name__}: {one_line(error)[:200]}"
 
@@ -498,7 +498,7 @@ def _glow_peer_rows(rounds, batch=64, size=16, steps_per_level=16, hidden=32):
         parameters = {key: sum(int(np.prod(v.shape)) for v in g.trainable_variables) for key, g in glows.items()}
         parameters["tfp"] = sum(int(np.prod(v.shape)) for v in flow.trainable_variables)
     except Exception as error:  # noqa: BLE001
-        from memgrad.cli import one_line
+        from memgrad.cli.report import one_line
 
         failures.append(("tfp.bijectors.Glow", f"{type(error).__name__}: {one_line(error)[:200]}"))
         parameters = None
@@ -535,7 +535,12 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
     """memgrad.recompute vs tf.recompute_grad vs keras.RematScope vs plain, per block, same model."""
     x = tf.random.stateless_normal([batch, width], seed=[0, 7])
     blocks = _recompute_blocks(depth, width, momentum)
-    initial = [[v.numpy() for v in b.weights] for b in blocks]  # seed states and statistics included
+
+    def state(block):  # weights, statistics and Dropout's seed state
+        seeds = [layer.seed_generator.state for layer in block.layers if hasattr(layer, "seed_generator")]
+        return block.weights + [v for v in seeds if all(v is not w for w in block.weights)]
+
+    initial = [[v.numpy() for v in state(b)] for b in blocks]
     wrapped = [memgrad.layers.Recompute(b) for b in blocks]
 
     def forward_of(call_block):
@@ -559,13 +564,13 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
         variants["keras.RematScope(mode='full')"] = (
             remat_blocks, forward_of(lambda i, h: remat_blocks[i](h, training=True)))
     except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
-        from memgrad.cli import one_line
+        from memgrad.cli.report import one_line
 
         failures.append(("keras.RematScope(mode='full')", f"{type(error).__name__}: {one_line(error)[:200]}"))
 
     def reset(variant_blocks):
         for block, values in zip(variant_blocks, initial):
-            for variable, value in zip(block.weights, values):
+            for variable, value in zip(state(block), values):
                 variable.assign(value)
 
     def variables_of(variant_blocks):
@@ -580,16 +585,23 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
         reset(variant_blocks)
         variables = variables_of(variant_blocks)
 
-        @tf.function
-        def gradients(t, forward=forward, variables=variables):
-            with tf.GradientTape() as tape:
-                loss = loss_of(forward)(t)
-            return tape.gradient(loss, variables)
+        def gradients_of(forward, variables):
+            @tf.function
+            def gradients(t):
+                with tf.GradientTape() as tape:
+                    loss = loss_of(forward)(t)
+                return tape.gradient(loss, variables)
+            return gradients
+
+        gradients = gradients_of(forward, variables)
 
         try:
-            grads = [g.numpy() for g in gradients(x)]
+            grads = [None if g is None else g.numpy() for g in gradients(x)]
+            missing = [v.path for v, g in zip(variables, grads) if g is None]
+            if missing:
+                raise ValueError(f"no gradient for {len(missing)} of {len(variables)} variables, e.g. {missing[0]}")
         except Exception as error:  # noqa: BLE001
-            from memgrad.cli import one_line
+            from memgrad.cli.report import one_line
 
             failures.append((name, f"{type(error).__name__}: {one_line(error)[:200]}"))
             continue
@@ -597,6 +609,8 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
         checks[name] = (grads, moving_mean)
         reset(variant_blocks)
         steps[name] = _sgd_step(variables, loss_of(forward))
+    if "plain" not in checks:
+        raise RuntimeError(f"the plain variant failed: {failures}")
     plain_grads, plain_mean = checks["plain"]
     seconds = time_side_by_side(steps, x, rounds)
     peaks = {name: _median_peak(step, x) for name, step in steps.items()}
