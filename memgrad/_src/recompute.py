@@ -38,24 +38,26 @@ def gate(tensors, prerequisites):
     order: the tensors come back unchanged.
 
     Args:
-      tensors: a structure of tensors (non-floating ones are passed through ungated).
-      prerequisites: a non-empty list of tensors; the first one carries the data dependency.
+      tensors: a structure of tensors (non-floating ones, IndexedSlices and ``None`` are
+        passed through ungated).
+      prerequisites: a list of tensors (others are ignored); the first carries the data
+        dependency. With none, ``tensors`` come back unchanged.
 
     Returns:
       ``tensors``, same structure.
     """
     if tf.executing_eagerly():
         return tensors
-    prerequisites = [p for p in prerequisites if p is not None]
+    prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
     if not prerequisites:
         return tensors
-    first = tf.convert_to_tensor(prerequisites[0])
+    first = prerequisites[0]
     token = tf.reduce_sum(tf.cast(tf.reshape(first, [-1])[:1], tf.float32))
     zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
 
     def one(t):
-        if not tf.is_tensor(t) or not (t.dtype.is_floating or t.dtype.is_complex):
-            return t
+        if not isinstance(t, tf.Tensor) or not (t.dtype.is_floating or t.dtype.is_complex):
+            return t  # IndexedSlices, integer tensors, non-tensors: passed through
         with tf.control_dependencies(prerequisites):
             return t + tf.cast(zero, t.dtype)
 
@@ -147,7 +149,11 @@ class _Recomputed:
                         f"the forward pass but {len(again_flat)} when recomputed; it must be a "
                         "deterministic function of its inputs and variables.")
                 grads = tape.gradient(again_flat, list(gated) + variables, output_gradients=d_outputs)
-                return grads[: len(gated)], grads[len(gated):]
+                input_grads, variable_grads = grads[: len(gated)], grads[len(gated):]
+                # The input gradients (which start the previous block's recomputation) wait for
+                # the weight gradients: otherwise the executor may put those off to the end of
+                # backprop, keeping every block's recomputed activations alive.
+                return gate(input_grads, variable_grads), variable_grads
 
             return tensor_out, grad_fn
 
