@@ -33,6 +33,7 @@ from memgrad._src.checkpointing import (  # noqa: E402
     record_rewrites,
     unpatch,
 )
+from memgrad._src.recompute import recompute  # noqa: E402
 
 __version__ = "0.2.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "layers",
     "monkey_patch",
     "profiler",
+    "recompute",
     "record_rewrites",
     "selective",
     "strategies",

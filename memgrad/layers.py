@@ -1,4 +1,4 @@
-"""memgrad's Keras layers: reversible blocks and the checkpointing markers.
+"""memgrad's Keras layers: reversible blocks, the checkpointing markers and `Recompute`.
 
 The selective-differentiation layers share Keras's names (``Dense``, ``Conv2D``, ...) while
 being different layers, so they live in their own namespace, `memgrad.selective`.
@@ -15,6 +15,7 @@ Example:
 """
 
 from memgrad._src.checkpointing.marker import Checkpoint
+from memgrad._src.recompute import Recompute
 from memgrad._src.reversible import (
     ActNorm,
     AdditiveCoupling,
@@ -35,6 +36,7 @@ __all__ = [
     "ChannelPermutation",
     "Checkpoint",
     "Invertible1x1Conv",
+    "Recompute",
     "ReversibleBlock",
     "ReversibleSequence",
     "Squeeze",

@@ -16,8 +16,8 @@ Run ``python -m memgrad_zoo.densenet --help`` to train one on the bundled digits
 from __future__ import annotations
 
 import keras
+import memgrad
 import tensorflow as tf
-from memgrad._src import tf_internals  # replaced by memgrad.recompute (issue 19)
 
 from memgrad_zoo.layers import PACKAGE, conv_factory
 
@@ -29,26 +29,13 @@ PAPER = {
 }
 
 
-def _gate(tensors, prerequisite):
-    """``tensors``, made to wait for ``prerequisite`` in a graph (identity when eager).
-
-    The executor runs an op as soon as its inputs exist: without the gate, the recomputation
-    (which needs only forward tensors) would run right after the forward pass and hold its
-    memory until the backward pass reached it.
-    """
-    if tf.executing_eagerly():
-        return list(tensors)
-    with tf.control_dependencies([prerequisite]):
-        return [tf.identity(t) for t in tensors]
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class EfficientBottleneck(keras.layers.Layer):
     """``conv1x1(relu(batchnorm(concat(features))))``, recomputed in the backward pass.
 
     Keeps none of the concatenation, normalisation or activation for backprop: the
-    backward pass rebuilds them from ``features`` (Pleiss et al. 2017). Gradients equal
-    plain autodiff of the same computation.
+    backward pass rebuilds them from ``features`` (Pleiss et al. 2017) with
+    `memgrad.recompute`. Gradients equal plain autodiff of the same computation.
 
     Args:
       filters: output channels of the 1x1 convolution (4 x growth rate in DenseNet-BC).
@@ -77,6 +64,8 @@ class EfficientBottleneck(keras.layers.Layer):
         self.norm = keras.layers.BatchNormalization(momentum=self.momentum, epsilon=self.epsilon,
                                                     name="norm")
         self.conv = conv_factory(self.weight_decay)(self.filters, 1, name="conv")
+        # BN, ReLU and a convolution draw no random numbers: no need for the randomness check.
+        self._recomputed = memgrad.recompute(self._forward, check_randomness=False)
 
     def _channels(self, input_shape):
         shapes = [input_shape] if not isinstance(input_shape, (list, tuple)) or (
@@ -107,28 +96,9 @@ class EfficientBottleneck(keras.layers.Layer):
         features = list(features) if isinstance(features, (list, tuple)) else [features]
         if not self.recompute:
             return self._forward(features, training)
-        layer = self
-
-        @tf.custom_gradient
-        def bottleneck(*inputs):
-            with tf_internals.stop_recording():  # an outer tape must record nothing inside
-                output = layer._forward(list(inputs), training)
-
-            def grad_fn(d_output, variables=None):
-                variables = list(variables or [])
-                rebuilt = _gate(inputs, d_output)
-                # Same batch statistics as the forward pass; any moving-statistic update the
-                # recomputation makes is discarded (they were updated once, in the forward).
-                frozen = [(v, v.value) for v in layer.norm.non_trainable_variables]
-                with keras.StatelessScope(state_mapping=frozen), tf.GradientTape() as tape:
-                    tape.watch(rebuilt)
-                    again = layer._forward(rebuilt, training)
-                grads = tape.gradient(again, rebuilt + variables, output_gradients=d_output)
-                return grads[: len(rebuilt)], grads[len(rebuilt):]
-
-            return output, grad_fn
-
-        return bottleneck(*features)
+        # Keeps only ``features``; BatchNorm's moving statistics are updated once (forward pass),
+        # the recomputation sees the same batch statistics and its updates are discarded.
+        return self._recomputed(features, training)
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "weight_decay": self.weight_decay,

@@ -105,6 +105,11 @@ supports_default_grad = _private("tensorflow.python.ops.default_gradient", "supp
 zeros_like_for_gradient = _private("tensorflow.python.ops.control_flow_state", "ZerosLike")
 is_resource_variable = _private("tensorflow.python.ops.resource_variable_ops", "is_resource_variable")
 
+# Keras's global SeedGenerator (behind unseeded keras.random.* ops), created on first use:
+# `recompute` makes sure it exists before a forward pass it replays, since Keras defers the
+# initialisation of a variable created inside a stateless scope.
+keras_global_seed_generator = _private("keras.src.random.seed_generator", "global_seed_generator")
+
 
 def xplane_pb2():
     """The profiler's XSpace protobuf module (imported on first use: the profiler needs it only

@@ -10,29 +10,10 @@ import keras
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.recompute import gate
+from memgrad._src.replay import ReplayScope, snapshot
 from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name
 from memgrad._src.reversible.replay import check_replayable
-
-
-def _gated(tensor, prerequisites):
-    """``tensor``, made to wait for every tensor in ``prerequisites`` in a graph.
-
-    The executor runs an op as soon as its inputs exist. Without this gate, a
-    block's reconstruction (it needs only forward outputs) could run right after
-    the forward pass, and a block's weight gradients (off the critical path) could
-    be put off to the end; either way their inputs stay alive and memory grows
-    with depth. Each block therefore waits for the previous block's input *and*
-    weight gradients.
-    """
-    if tf.executing_eagerly():
-        return tensor  # eager code runs in program order
-    # XLA drops control edges, so also add a zero that exists only once the first
-    # prerequisite (the incoming gradient) does: one element of it turned into 0
-    # (NaN if it is NaN), which no compiler can fold away.
-    token = tf.reduce_sum(tf.cast(tf.reshape(prerequisites[0], [-1])[:1], tf.float32))
-    zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
-    with tf.control_dependencies(prerequisites):
-        return tensor + tf.cast(zero, tensor.dtype)
 
 
 def _variable_keys(block):
@@ -255,7 +236,7 @@ class ReversibleSequence(keras.layers.Layer):
                 for block in blocks:
                     if block_inputs is not None:
                         block_inputs.append(tf.TensorSpec(h.shape, h.dtype))
-                    replay_states.append([(v, tf.identity(v.value)) for v in block.replayed_state()])
+                    replay_states.append(snapshot(block.replayed_state()))
                     h, block_logdet, saved = block.forward_and_save(h, training=training)
                     saved_for_backward.append(saved)
                     logdet = logdet + tf.cast(block_logdet, logdet.dtype)
@@ -271,12 +252,16 @@ class ReversibleSequence(keras.layers.Layer):
                 h, done = output, [d_h]
                 for block, state, saved, indices in zip(reversed(blocks), reversed(replay_states),
                                                         reversed(saved_for_backward), reversed(sources)):
-                    h = _gated(h, done)
+                    # The block's reconstruction and backprop wait for the previous block's
+                    # input and weight gradients (data dependency on the first): without it,
+                    # reconstructions would run right after the forward pass and weight
+                    # gradients be put off to the end, and memory would grow with depth.
+                    h = gate(h, done)
                     # Only blocks that saved something take `saved`: custom blocks may override
                     # backward with the original signature.
                     extra = {} if saved is None else {"saved": saved}
                     # Replays the forward's seeds and statistics; discards any assignment.
-                    with keras.StatelessScope(state_mapping=state):
+                    with ReplayScope(state):
                         h, d_h, grads = block.backward(
                             h, d_h, d_logdet, [variables[i] for i in indices], training=training, **extra)
                     done = [d_h] + [g for g in grads if g is not None]
