@@ -13,8 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BOTTOM = ("memgrad._src.units", "memgrad._src.tf_internals")
-TECHNIQUES = ("memgrad._src.recompute", "memgrad._src.checkpointing", "memgrad._src.reversible",
+BOTTOM = ("memgrad._src.units", "memgrad._src.arguments", "memgrad._src.tf_internals")
+TECHNIQUES = ("memgrad._src.replay", "memgrad._src.recompute", "memgrad._src.checkpointing", "memgrad._src.reversible",
               "memgrad._src.selective")
 PUBLIC = ("memgrad", "memgrad.layers", "memgrad.selective", "memgrad.strategies", "memgrad.profiler")
 
@@ -100,9 +100,9 @@ def test_the_profiler_imports_no_technique_no_zoo_no_cli():
     assert _violations(["memgrad._src.profiler"], BOTTOM) == []
 
 
-def test_each_technique_imports_only_the_layers_below_and_the_recompute_primitive():
+def test_each_technique_imports_only_the_layers_below_and_the_shared_recompute_and_replay():
     for technique in TECHNIQUES:
-        allowed = BOTTOM + ("memgrad._src.graph", "memgrad._src.recompute")
+        allowed = BOTTOM + ("memgrad._src.graph", "memgrad._src.replay", "memgrad._src.recompute")
         assert _violations([technique], allowed) == [], technique
 
 

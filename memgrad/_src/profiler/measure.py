@@ -9,9 +9,9 @@ import statistics
 import time
 import warnings
 
-import numpy as np
 import tensorflow as tf
 
+from memgrad._src.arguments import positional_args  # noqa: F401  (live.py and callers use it from here too)
 from memgrad._src.profiler.report import MemoryReport
 
 _DEVICE_PATTERN = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.IGNORECASE)
@@ -57,25 +57,6 @@ def resolve_device(device=None) -> str:
             f"{available or 'none'}. Received: {device!r}"
         )
     return name
-
-
-def positional_args(args) -> tuple:
-    """The positional arguments ``args`` stands for, as a tuple.
-
-    A tuple or list holds the arguments; a single tensor or NumPy array is one
-    argument (it is iterable too, so ``fn(*tensor)`` would pass its rows instead).
-
-    Raises:
-      TypeError: for anything else, e.g. ``None``, a number, a string or a dict.
-    """
-    if tf.is_tensor(args) or isinstance(args, np.ndarray):
-        return (args,)
-    if isinstance(args, (tuple, list)):
-        return tuple(args)
-    raise TypeError(
-        "Expected args to be a tuple or list of positional arguments, or a single tensor or NumPy "
-        f"array (passed as the one argument). Received: {args!r}"
-    )
 
 
 def _memory_info(device: str) -> dict:
