@@ -9,7 +9,6 @@ import keras
 import pytest
 
 from memgrad_zoo.train import classifier_main, glow_main
-from tests.probes import ROOT
 
 MAINS = {
     "revnet": lambda argv: classifier_main("revnet", argv),
