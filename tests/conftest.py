@@ -7,7 +7,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Exact CPU memory statistics (the default allocator leaves small tensors out); must be
 # set before TensorFlow is imported. test_measure checks the default allocator separately.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _import_zoo_from_this_checkout():
+    """Imports ``models/`` as ``memgrad_zoo``: the zoo of the checkout under test, as for memgrad
+    above, not whichever copy is installed (fresh processes still import the installed one)."""
+    import importlib.util
+
+    init = os.path.join(ROOT, "models", "__init__.py")
+    if "memgrad_zoo" in sys.modules or not os.path.exists(init):
+        return
+    spec = importlib.util.spec_from_file_location("memgrad_zoo", init,
+                                                  submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memgrad_zoo"] = module
+    spec.loader.exec_module(module)
+
+
+_import_zoo_from_this_checkout()
 
 import tensorflow as tf  # noqa: E402  (after the environment above)
 
@@ -35,29 +54,60 @@ def mirrored_strategy():
     return tf.distribute.MirroredStrategy(devices)
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Runs the modules that wait for memory probes last, so the probes overlap the rest."""
-    from tests import probes
+# Fresh-process probes. A test module that measures memory in fresh processes declares them
+# at module level:
+#
+#     FRESH_PROCESSES = {key: dict(target="module:function", args=[...], kwargs={...}, env={...},
+#                                  timeout=seconds)}
+#
+# (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process), and its fixtures take
+# `fresh_results`, {key: the target's return value}. The processes of every selected module
+# start in the background when collection finishes, FRESH_PROCESS_JOBS at a time, and those
+# modules run last: the probes take most of the suite's wall time, and other tests run
+# meanwhile.
+FRESH_PROCESS_JOBS = 2
+_fresh_pool = None
+_fresh_futures = {}  # module name -> {key: future}
 
-    owners = probes.owners()
-    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", None) in owners)
+
+def _fresh_processes(item):
+    return getattr(getattr(item, "module", None), "FRESH_PROCESSES", None)
+
+
+def _start_fresh_processes(module):
+    global _fresh_pool
+    if module.__name__ not in _fresh_futures:
+        if _fresh_pool is None:
+            from memgrad._src.profiler.fresh import FreshProcessPool
+
+            _fresh_pool = FreshProcessPool(max_workers=FRESH_PROCESS_JOBS)
+        _fresh_futures[module.__name__] = {
+            key: _fresh_pool.submit(**spec) for key, spec in module.FRESH_PROCESSES.items()}
+    return _fresh_futures[module.__name__]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs the modules that wait for fresh-process probes last, so the probes overlap the rest."""
+    items.sort(key=lambda item: _fresh_processes(item) is not None)
 
 
 def pytest_collection_finish(session):
-    """Starts the selected modules' memory probes (tests/probes.py) while other tests run."""
+    """Starts the selected modules' fresh-process probes while other tests run."""
     if session.config.option.collectonly:
         return
-    from tests import probes
-
-    modules = []
     for item in session.items:
-        name = getattr(item.module, "__name__", None) if hasattr(item, "module") else None
-        if name and name not in modules:
-            modules.append(name)
-    probes.start_for(modules)
+        if _fresh_processes(item) is not None:
+            _start_fresh_processes(item.module)
+
+
+@pytest.fixture(scope="module")
+def fresh_results(request):
+    """{key: result} of the module's FRESH_PROCESSES (waits for them; starts them if needed)."""
+    futures = _start_fresh_processes(request.module)
+    return {key: future.result() for key, future in futures.items()}
 
 
 def pytest_sessionfinish(session):
-    from tests import probes
-
-    probes.stop()
+    """Cancels the probes not started and kills the running ones."""
+    if _fresh_pool is not None:
+        _fresh_pool.shutdown(kill=True)

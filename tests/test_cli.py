@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from memgrad.cli import profile as cli
-from tests import probes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RUNS = tempfile.mkdtemp(prefix="memgrad-cli-tests-")
@@ -18,15 +17,17 @@ BUDGET_DIR = os.path.join(_RUNS, "budget")
 BUDGET_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "64", "--strategies", "plain", "reversible",
                "--budget", "24MB", "--repeats", "1", "--no-progress"]
 
-# The two slow runs go in fresh processes, started in the background when collection ends.
-PROBES = probes.declare("cli", "tests.cli_probe", [[DEFAULT_DIR], [BUDGET_DIR, *BUDGET_ARGS]], "CLI ",
-                        owner=__name__, timeout=1500)
+# The two slow runs go in fresh processes, started in the background when collection ends
+# (tests/conftest.py); the `fresh_results` fixture waits for them.
+FRESH_PROCESSES = {
+    "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
+    "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500),
+}
 
 
 @pytest.fixture(scope="module")
-def runs():
-    default, budget = probes.results(PROBES)
-    return {"default": default, "budget": budget}
+def runs(fresh_results):
+    return fresh_results
 
 
 def _assert_png(path):

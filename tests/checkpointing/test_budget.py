@@ -14,18 +14,19 @@ from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
 from tests.checkpointing.models import loss_fn, max_relative_error, residual, rewritten
-from tests import probes as probe_processes
 
 MiB = 2**20
-PROBES = probe_processes.declare(
-    "budget", "tests.checkpointing.budget_probe", [[name] for name in WORKLOADS], "RESULT ",
-    env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, owner=__name__, timeout=600)
+FRESH_PROCESSES = {
+    name: dict(target="tests.checkpointing.budget_probe:measure_plans", args=[name],
+               env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=600)
+    for name in WORKLOADS
+}
 
 
 @pytest.fixture(scope="module")
-def probes():
+def probes(fresh_results):
     """Predicted and measured peaks per workload, each measured in a fresh process."""
-    results = dict(zip(WORKLOADS, probe_processes.results(PROBES)))
+    results = fresh_results
     for name, r in results.items():
         print(name, {k: (round(v["predicted"] / MiB, 1), round(v["measured"] / MiB, 1),
                          round(v["flops"] / 1e9, 2))

@@ -9,7 +9,8 @@ import keras
 import pytest
 
 from memgrad_zoo.train import classifier_main, glow_main
-from tests.probes import ROOT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MAINS = {
     "revnet": lambda argv: classifier_main("revnet", argv),
