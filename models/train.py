@@ -72,7 +72,11 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
 
     Example:
       >>> from memgrad_zoo import data, revnet
-      >>> train_classifier(revnet.revnet(38, input_shape=(8, 8, 1)), data.load_digits(), 1, 64, 1e-3)
+      >>> (x, y), test = data.load_digits()
+      >>> result = train_classifier(revnet.revnet(38, input_shape=(8, 8, 1)), ((x[:256], y[:256]), test),
+      ...                           epochs=1, batch_size=64, lr=1e-3, verbose=0)
+      >>> sorted(result)
+      ['parameters', 'test_accuracy', 'test_loss', 'train_seconds']
     """
     import keras
 
@@ -150,7 +154,11 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
 
     Example:
       >>> from memgrad_zoo import data, glow
-      >>> train_glow(glow.Glow((8, 8, 1), levels=2, steps=4), data.load_digits(), 1, 64, 1e-3)
+      >>> (x, y), test = data.load_digits()
+      >>> result = train_glow(glow.Glow((8, 8, 1), levels=2, steps=4), ((x[:256], y[:256]), test),
+      ...                     epochs=1, batch_size=64, lr=1e-3, verbose=0)
+      >>> sorted(result)
+      ['test_bits_per_dim', 'train_bits_per_dim', 'train_seconds']
     """
     import keras
     import numpy as np

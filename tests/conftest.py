@@ -41,6 +41,15 @@ tf.config.set_logical_device_configuration(
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """The markers of the fast loop: ``python -m pytest -q -m "not slow and not memory" tests``."""
+    config.addinivalue_line(
+        "markers", "memory: asserts measured memory (peaks, ratios, what fits under a cap); "
+        "often in fresh processes, minutes on 2 cores")
+    config.addinivalue_line("markers", "slow: takes more than a couple of seconds (training, "
+                            "large graphs, fresh processes) without asserting measured memory")
+
+
 @pytest.fixture(scope="session")
 def mirrored_strategy():
     """One MirroredStrategy over the two logical CPUs for the whole session.
@@ -61,16 +70,19 @@ def mirrored_strategy():
 #                                  timeout=seconds)}
 #
 # (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process), and its fixtures take
-# `fresh_results`, {key: the target's return value}. The processes of every selected module
-# start in the background when collection finishes, FRESH_PROCESS_JOBS at a time, and those
-# modules run last: the probes take most of the suite's wall time, and other tests run
-# meanwhile.
+# `fresh_results`, {key: the target's return value}. The processes of every module with a
+# selected test that takes that fixture start in the background when collection finishes,
+# FRESH_PROCESS_JOBS at a time, and those modules run last: the probes take most of the
+# suite's wall time, and other tests run meanwhile.
 FRESH_PROCESS_JOBS = 2
 _fresh_pool = None
 _fresh_futures = {}  # module name -> {key: future}
 
 
 def _fresh_processes(item):
+    """The FRESH_PROCESSES of the item's module if the item waits for them, else None."""
+    if "fresh_results" not in getattr(item, "fixturenames", ()):
+        return None
     return getattr(getattr(item, "module", None), "FRESH_PROCESSES", None)
 
 

@@ -53,6 +53,7 @@ def _assert_schema(result):
             assert row["memory_ratio"] == 1.0 and row["time_overhead"] == 1.0
 
 
+@pytest.mark.memory
 def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(runs):
     run = runs["default"]
     assert run["status"] == 0, run["stderr"]
@@ -72,6 +73,7 @@ def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(run
     _assert_png(os.path.join(DEFAULT_DIR, "memgrad-profile.png"))
 
 
+@pytest.mark.memory
 def test_budget_finds_a_larger_batch_for_the_reversible_stack(runs):
     run = runs["budget"]
     assert run["status"] == 0, run["stderr"]
@@ -91,6 +93,7 @@ def _run(capsys, *arguments):
     return status, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.ReLU(),
                               keras.layers.Dense(4)])
@@ -107,6 +110,7 @@ def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
     _assert_png(out_png)  # a batch-size sweep: memory against batch size
 
 
+@pytest.mark.memory
 def test_a_builder_with_depths_and_the_largest_tensors_at_the_peak(tmp_path, capsys):
     out_json = tmp_path / "r.json"
     status, out, err = _run(capsys, "--model", "tests.cli_builders:mlp", "--depths", "2", "6",

@@ -34,6 +34,7 @@ def probes(fresh_results):
     return results
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("name", ["residual", "tanh_chain", "dense_blocks", "uneven"])
 @pytest.mark.parametrize("plan", ["plain", "memory", "sqrt"])
 def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
@@ -43,6 +44,7 @@ def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
         f"{r['measured'] / MiB:.1f} MiB")
 
 
+@pytest.mark.memory
 def test_planner_at_sqrt_spacings_measured_peak_on_uneven_widths(probes):
     """Budget = the peak sqrt(n) spacing measured: less recomputation, measured under it.
 
@@ -74,6 +76,7 @@ def _model(name):
     return out["view"], out["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["residual", "tanh_chain", "dense_blocks", "uneven"])
 def test_planner_never_costs_more_than_sqrt_spacing_at_its_predicted_peak(name):
     view, model = _model(name)
@@ -160,6 +163,7 @@ def test_bad_budgets_are_rejected(bad, error):
         memgrad.strategies.Budget("1MiB", margin=1.0)
 
 
+@pytest.mark.slow
 def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     model, _, _ = residual(depth=16, width=32)
     rng = np.random.default_rng(0)

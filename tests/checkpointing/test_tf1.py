@@ -7,6 +7,8 @@ module checks its report. Importing the probe here would turn v2 behaviour off i
 
 import pytest
 
+# The probe takes a minute or more; the chain's peaks are measured memory.
+pytestmark = pytest.mark.slow
 FRESH_PROCESSES = {"report": dict(target="tests.checkpointing.tf1_session_probe:report", timeout=600)}
 
 
@@ -15,6 +17,7 @@ def report(fresh_results):
     return fresh_results["report"]
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("n, limit", [(25, 0.6), (100, 0.4)])
 def test_reference_variable_chain_saves_memory_in_a_session(report, n, limit):
     # The input is a variable too: the chain is still told apart from parameter arithmetic.

@@ -159,7 +159,7 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
 
     Example:
       >>> search = max_batch_size("memgrad._src.profiler.workloads:mlp_training_step",
-      ...                         "128MiB", {"depth": 8, "width": 256})
+      ...                         "128MiB", {"depth": 8, "width": 256}, low=64, high=256)
       >>> search.batch_size > 0
       True
     """

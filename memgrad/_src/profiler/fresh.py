@@ -156,8 +156,8 @@ def run_in_fresh_process(target, args=(), kwargs=None, *, env=None, timeout=600.
         message carries the process's error.
 
     Example:
-      >>> run_in_fresh_process("memgrad._src.units:parse_bytes", ["2KiB"])
-      2048
+      >>> run_in_fresh_process("math:factorial", [10])   # e.g. a workload measuring its peak
+      3628800
     """
     return FreshProcess(target, args, kwargs, env=env, timeout=timeout, cwd=cwd).result()
 
@@ -171,9 +171,9 @@ class FreshProcessPool:
 
     Example:
       >>> with FreshProcessPool(max_workers=2) as pool:
-      ...     futures = [pool.submit("memgrad._src.units:parse_bytes", [s]) for s in ("1KB", "1KiB")]
+      ...     futures = [pool.submit("math:factorial", [n]) for n in (5, 10)]
       ...     [future.result() for future in futures]
-      [1000, 1024]
+      [120, 3628800]
     """
 
     def __init__(self, max_workers=2):
