@@ -76,7 +76,7 @@ class Glow(keras.Model):
       >>> glow = Glow((8, 8, 1), levels=2, steps=4, hidden=32)
       >>> glow.compile(keras.optimizers.Adam(1e-3))
       >>> (x, _), _ = load_digits()
-      >>> history = glow.fit(x[:256], batch_size=64, epochs=1, verbose=0)   # loss: bits/dim
+      >>> history = glow.fit(x[:128], batch_size=64, epochs=1, verbose=0)   # loss: bits/dim
       >>> glow.sample(16, temperature=0.7).shape                           # in [0, 1]
       TensorShape([16, 8, 8, 1])
     """
