@@ -10,23 +10,10 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# The zoo of this checkout as memgrad_zoo, not whichever copy is installed.
+from tests.zoo_checkout import import_zoo_from_this_checkout  # noqa: E402
 
-def _import_zoo_from_this_checkout():
-    """Imports ``models/`` as ``memgrad_zoo``: the zoo of the checkout under test, as for memgrad
-    above, not whichever copy is installed (fresh processes still import the installed one)."""
-    import importlib.util
-
-    init = os.path.join(ROOT, "models", "__init__.py")
-    if "memgrad_zoo" in sys.modules or not os.path.exists(init):
-        return
-    spec = importlib.util.spec_from_file_location("memgrad_zoo", init,
-                                                  submodule_search_locations=[os.path.dirname(init)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["memgrad_zoo"] = module
-    spec.loader.exec_module(module)
-
-
-_import_zoo_from_this_checkout()
+import_zoo_from_this_checkout()
 
 import tensorflow as tf  # noqa: E402  (after the environment above)
 

@@ -21,6 +21,10 @@ import memgrad  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from tests.zoo_checkout import import_zoo_from_this_checkout  # noqa: E402
+
+import_zoo_from_this_checkout()  # the zoo under test, as in the test process
+
 
 def sgd_step(model, loss_fn):
     variables = model.trainable_variables
