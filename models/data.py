@@ -28,7 +28,7 @@ def load_digits(test_fraction=0.2, seed=0):
     Example:
       >>> (x, y), (x_test, y_test) = load_digits()
       >>> x.shape, x_test.shape
-      ((1437, 8, 8, 1), (360, 8, 8, 1))
+      ((1438, 8, 8, 1), (359, 8, 8, 1))
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1). Received: {test_fraction!r}")

@@ -72,11 +72,13 @@ class Glow(keras.Model):
       **kwargs: Keras model arguments.
 
     Example:
+      >>> from memgrad_zoo.data import load_digits
       >>> glow = Glow((8, 8, 1), levels=2, steps=4, hidden=32)
       >>> glow.compile(keras.optimizers.Adam(1e-3))
-      >>> (x, _), _ = memgrad_zoo.data.load_digits()
-      >>> glow.fit(x, batch_size=64, epochs=1)              # loss: bits/dim
-      >>> samples = glow.sample(16, temperature=0.7)       # [16, 8, 8, 1] in [0, 1]
+      >>> (x, _), _ = load_digits()
+      >>> history = glow.fit(x[:128], batch_size=64, epochs=1, verbose=0)   # loss: bits/dim
+      >>> glow.sample(16, temperature=0.7).shape                           # in [0, 1]
+      TensorShape([16, 8, 8, 1])
     """
 
     def __init__(self, image_shape=(8, 8, 1), levels=2, steps=8, hidden=64, n_bins=17,

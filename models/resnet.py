@@ -76,7 +76,8 @@ def resnet(depth, num_classes=10, input_shape=(32, 32, 3), bottleneck=None, weig
 
     Example:
       >>> model = resnet(32)
-      >>> model.count_params()  # about 0.47M with BatchNormalization statistics
+      >>> round(model.count_params(), -4)  # BatchNormalization statistics included
+      470000
     """
     if depth in PAPER and bottleneck is None:
         units, bottleneck = PAPER[depth][:2]

@@ -68,11 +68,17 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
       verbose: Keras verbosity (1: progress bar).
 
     Returns:
-      A dict: ``test_accuracy``, ``test_loss``, ``train_seconds``, ``parameters``.
+      A dict: ``model`` (its name), ``test_accuracy``, ``test_loss``, ``train_seconds``,
+      ``parameters``.
 
     Example:
       >>> from memgrad_zoo import data, revnet
-      >>> train_classifier(revnet.revnet(38, input_shape=(8, 8, 1)), data.load_digits(), 1, 64, 1e-3)
+      >>> (x, y), test = data.load_digits()
+      >>> model = revnet.revnet(38, input_shape=(8, 8, 1))
+      >>> result = train_classifier(model, ((x[:128], y[:128]), test), epochs=1, batch_size=64,
+      ...                           lr=1e-3, verbose=0)
+      >>> sorted(result)
+      ['model', 'parameters', 'test_accuracy', 'test_loss', 'train_seconds']
     """
     import keras
 
@@ -145,12 +151,17 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
       verbose: Keras verbosity (1: progress bar).
 
     Returns:
-      A dict: ``test_bits_per_dim`` (mean over 4 dequantisation draws), ``train_bits_per_dim``
-      (last epoch), ``train_seconds``.
+      A dict: ``model`` (``'glow'`` or ``'glow-plain'``), ``test_bits_per_dim`` (mean over 4
+      dequantisation draws), ``train_bits_per_dim`` (last epoch), ``train_seconds``.
 
     Example:
       >>> from memgrad_zoo import data, glow
-      >>> train_glow(glow.Glow((8, 8, 1), levels=2, steps=4), data.load_digits(), 1, 64, 1e-3)
+      >>> (x, y), test = data.load_digits()
+      >>> model = glow.Glow((8, 8, 1), levels=2, steps=4)
+      >>> result = train_glow(model, ((x[:128], y[:128]), test), epochs=1, batch_size=64, lr=1e-3,
+      ...                     verbose=0)
+      >>> sorted(result)
+      ['model', 'test_bits_per_dim', 'train_bits_per_dim', 'train_seconds']
     """
     import keras
     import numpy as np

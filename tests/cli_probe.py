@@ -1,8 +1,9 @@
-"""Runs `memgrad-profile` in a fresh process and prints its exit status and outputs (a test probe).
+"""Runs `memgrad-profile` in a fresh process: its exit status and outputs (a test probe).
 
-Usage: ``python -m tests.cli_probe DIR [memgrad-profile arguments]``: runs the command with DIR as
-the working directory and prints ``CLI {json}`` with ``status``, ``stdout``, ``stderr`` and the
-parsed ``memgrad-profile.json`` (``None`` if it was not written).
+`run(DIR, arguments)` (called in a fresh process by tests/test_cli.py) runs the command with DIR
+as the working directory and returns ``status``, ``stdout``, ``stderr`` and the parsed
+``memgrad-profile.json`` (``None`` if it was not written). By hand:
+``python -m tests.cli_probe DIR [memgrad-profile arguments]`` prints that as ``CLI {json}``.
 """
 
 import json
@@ -10,13 +11,15 @@ import os
 import subprocess
 import sys
 
-if __name__ == "__main__":
-    directory, arguments = sys.argv[1], sys.argv[2:]
+def run(directory, arguments=()):
     os.makedirs(directory, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}  # as a user runs it
     done = subprocess.run([sys.executable, "-m", "memgrad.cli", *arguments], cwd=directory, env=env,
                           capture_output=True, text=True, timeout=1200)
     path = os.path.join(directory, "memgrad-profile.json")
     result = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else None
-    print("CLI " + json.dumps({"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:],
-                               "json": result}), flush=True)
+    return {"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:], "json": result}
+
+
+if __name__ == "__main__":
+    print("CLI " + json.dumps(run(sys.argv[1], sys.argv[2:])), flush=True)

@@ -7,7 +7,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Exact CPU memory statistics (the default allocator leaves small tensors out); must be
 # set before TensorFlow is imported. test_measure checks the default allocator separately.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# The zoo of this checkout as memgrad_zoo, not whichever copy is installed.
+from tests.zoo_checkout import import_zoo_from_this_checkout  # noqa: E402
+
+import_zoo_from_this_checkout()
 
 import tensorflow as tf  # noqa: E402  (after the environment above)
 
@@ -20,6 +26,15 @@ tf.config.set_logical_device_configuration(
 
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    """The markers of the fast loop: ``python -m pytest -q -m "not slow and not memory" tests``."""
+    config.addinivalue_line(
+        "markers", "memory: asserts measured memory (peaks, ratios, what fits under a cap); "
+        "often in fresh processes, minutes on 2 cores")
+    config.addinivalue_line("markers", "slow: takes more than a couple of seconds (training, "
+                            "large graphs, fresh processes) without asserting measured memory")
 
 
 @pytest.fixture(scope="session")
@@ -35,29 +50,63 @@ def mirrored_strategy():
     return tf.distribute.MirroredStrategy(devices)
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Runs the modules that wait for memory probes last, so the probes overlap the rest."""
-    from tests import probes
+# Fresh-process probes. A test module that measures memory in fresh processes declares them
+# at module level:
+#
+#     FRESH_PROCESSES = {key: dict(target="module:function", args=[...], kwargs={...}, env={...},
+#                                  timeout=seconds)}
+#
+# (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process), and its fixtures take
+# `fresh_results`, {key: the target's return value}. The processes of every module with a
+# selected test that takes that fixture start in the background when collection finishes,
+# FRESH_PROCESS_JOBS at a time, and those modules run last: the probes take most of the
+# suite's wall time, and other tests run meanwhile.
+FRESH_PROCESS_JOBS = 2
+_fresh_pool = None
+_fresh_futures = {}  # module name -> {key: future}
 
-    owners = probes.owners()
-    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", None) in owners)
+
+def _fresh_processes(item):
+    """The FRESH_PROCESSES of the item's module if the item waits for them, else None."""
+    if "fresh_results" not in getattr(item, "fixturenames", ()):
+        return None
+    return getattr(getattr(item, "module", None), "FRESH_PROCESSES", None)
+
+
+def _start_fresh_processes(module):
+    global _fresh_pool
+    if module.__name__ not in _fresh_futures:
+        if _fresh_pool is None:
+            from memgrad._src.profiler.fresh import FreshProcessPool
+
+            _fresh_pool = FreshProcessPool(max_workers=FRESH_PROCESS_JOBS)
+        _fresh_futures[module.__name__] = {
+            key: _fresh_pool.submit(**spec) for key, spec in module.FRESH_PROCESSES.items()}
+    return _fresh_futures[module.__name__]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs the modules that wait for fresh-process probes last, so the probes overlap the rest."""
+    items.sort(key=lambda item: _fresh_processes(item) is not None)
 
 
 def pytest_collection_finish(session):
-    """Starts the selected modules' memory probes (tests/probes.py) while other tests run."""
+    """Starts the selected modules' fresh-process probes while other tests run."""
     if session.config.option.collectonly:
         return
-    from tests import probes
-
-    modules = []
     for item in session.items:
-        name = getattr(item.module, "__name__", None) if hasattr(item, "module") else None
-        if name and name not in modules:
-            modules.append(name)
-    probes.start_for(modules)
+        if _fresh_processes(item) is not None:
+            _start_fresh_processes(item.module)
+
+
+@pytest.fixture(scope="module")
+def fresh_results(request):
+    """{key: result} of the module's FRESH_PROCESSES (waits for them; starts them if needed)."""
+    futures = _start_fresh_processes(request.module)
+    return {key: future.result() for key, future in futures.items()}
 
 
 def pytest_sessionfinish(session):
-    from tests import probes
-
-    probes.stop()
+    """Cancels the probes not started and kills the running ones."""
+    if _fresh_pool is not None:
+        _fresh_pool.shutdown(kill=True)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from memgrad.cli import profile as cli
-from tests import probes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RUNS = tempfile.mkdtemp(prefix="memgrad-cli-tests-")
@@ -18,15 +17,17 @@ BUDGET_DIR = os.path.join(_RUNS, "budget")
 BUDGET_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "64", "--strategies", "plain", "reversible",
                "--budget", "24MB", "--repeats", "1", "--no-progress"]
 
-# The two slow runs go in fresh processes, started in the background when collection ends.
-PROBES = probes.declare("cli", "tests.cli_probe", [[DEFAULT_DIR], [BUDGET_DIR, *BUDGET_ARGS]], "CLI ",
-                        owner=__name__, timeout=1500)
+# The two slow runs go in fresh processes, started in the background when collection ends
+# (tests/conftest.py); the `fresh_results` fixture waits for them.
+FRESH_PROCESSES = {
+    "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
+    "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500),
+}
 
 
 @pytest.fixture(scope="module")
-def runs():
-    default, budget = probes.results(PROBES)
-    return {"default": default, "budget": budget}
+def runs(fresh_results):
+    return fresh_results
 
 
 def _assert_png(path):
@@ -52,6 +53,7 @@ def _assert_schema(result):
             assert row["memory_ratio"] == 1.0 and row["time_overhead"] == 1.0
 
 
+@pytest.mark.memory
 def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(runs):
     run = runs["default"]
     assert run["status"] == 0, run["stderr"]
@@ -71,6 +73,7 @@ def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(run
     _assert_png(os.path.join(DEFAULT_DIR, "memgrad-profile.png"))
 
 
+@pytest.mark.memory
 def test_budget_finds_a_larger_batch_for_the_reversible_stack(runs):
     run = runs["budget"]
     assert run["status"] == 0, run["stderr"]
@@ -90,6 +93,7 @@ def _run(capsys, *arguments):
     return status, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.ReLU(),
                               keras.layers.Dense(4)])
@@ -106,6 +110,7 @@ def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
     _assert_png(out_png)  # a batch-size sweep: memory against batch size
 
 
+@pytest.mark.memory
 def test_a_builder_with_depths_and_the_largest_tensors_at_the_peak(tmp_path, capsys):
     out_json = tmp_path / "r.json"
     status, out, err = _run(capsys, "--model", "tests.cli_builders:mlp", "--depths", "2", "6",

@@ -337,6 +337,7 @@ def workload(spec: ModelSpec, strategy, depth, batch_size):
       ``(step, inputs, model)``: the training step, its synthetic inputs and the model.
 
     Example:
+      >>> import memgrad
       >>> step, inputs, _ = workload(model_spec("coupling", width=64), "reversible", 16, 32)
       >>> report = memgrad.profiler.measure(step, args=inputs)
     """

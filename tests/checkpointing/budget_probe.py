@@ -1,6 +1,7 @@
-"""Predicted and measured peaks of one workload under several plans (run as a script).
+"""Predicted and measured peaks of one workload under several plans (a fresh-process probe).
 
-`python -m tests.checkpointing.budget_probe NAME` prints `RESULT {json}` with, for plain
+`measure_plans(NAME)` (`python -m tests.checkpointing.budget_probe NAME` prints it as
+`RESULT {json}`) returns, for plain
 backprop, the 'memory' strategy, sqrt(n) spacing (every round(sqrt(layers))-th layer
 output, with every tensor alive there) and `memgrad.strategies.Budget` at sqrt spacing's measured peak: the predicted peak,
 the measured peak above baseline and the recomputed FLOPs. It runs in a fresh process so
@@ -30,7 +31,7 @@ def sqrt_spacing(model, layer_type):
     return model.tensors_for(ends[k - 1:-1:k])
 
 
-def main(name):
+def measure_plans(name):
     weights, loss_fn, shape = WORKLOADS[name]()
     x = tf.random.stateless_normal(shape, [0, 3])
     results = {}
@@ -76,8 +77,8 @@ def main(name):
     budget = int(results["sqrt"]["measured"])
     results["budget_bytes"] = budget
     run("budget", lambda view, model: memgrad.strategies.Budget(budget))
-    print("RESULT " + json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    print("RESULT " + json.dumps(measure_plans(sys.argv[1])))

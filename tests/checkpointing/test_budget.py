@@ -14,18 +14,19 @@ from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
 from tests.checkpointing.models import loss_fn, max_relative_error, residual, rewritten
-from tests import probes as probe_processes
 
 MiB = 2**20
-PROBES = probe_processes.declare(
-    "budget", "tests.checkpointing.budget_probe", [[name] for name in WORKLOADS], "RESULT ",
-    env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, owner=__name__, timeout=600)
+FRESH_PROCESSES = {
+    name: dict(target="tests.checkpointing.budget_probe:measure_plans", args=[name],
+               env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=600)
+    for name in WORKLOADS
+}
 
 
 @pytest.fixture(scope="module")
-def probes():
+def probes(fresh_results):
     """Predicted and measured peaks per workload, each measured in a fresh process."""
-    results = dict(zip(WORKLOADS, probe_processes.results(PROBES)))
+    results = fresh_results
     for name, r in results.items():
         print(name, {k: (round(v["predicted"] / MiB, 1), round(v["measured"] / MiB, 1),
                          round(v["flops"] / 1e9, 2))
@@ -33,6 +34,7 @@ def probes():
     return results
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("name", ["residual", "tanh_chain", "dense_blocks", "uneven"])
 @pytest.mark.parametrize("plan", ["plain", "memory", "sqrt"])
 def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
@@ -42,6 +44,7 @@ def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
         f"{r['measured'] / MiB:.1f} MiB")
 
 
+@pytest.mark.memory
 def test_planner_at_sqrt_spacings_measured_peak_on_uneven_widths(probes):
     """Budget = the peak sqrt(n) spacing measured: less recomputation, measured under it.
 
@@ -73,6 +76,7 @@ def _model(name):
     return out["view"], out["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["residual", "tanh_chain", "dense_blocks", "uneven"])
 def test_planner_never_costs_more_than_sqrt_spacing_at_its_predicted_peak(name):
     view, model = _model(name)
@@ -159,6 +163,7 @@ def test_bad_budgets_are_rejected(bad, error):
         memgrad.strategies.Budget("1MiB", margin=1.0)
 
 
+@pytest.mark.slow
 def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     model, _, _ = residual(depth=16, width=32)
     rng = np.random.default_rng(0)

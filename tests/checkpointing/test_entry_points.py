@@ -10,6 +10,7 @@ from memgrad._src.checkpointing import api
 from tests.checkpointing.models import BUILDERS, loss_fn, max_relative_error, residual, rewritten
 
 
+@pytest.mark.slow
 def test_monkey_patch_replaces_and_unpatch_restores():
     original_v2, original_v1 = tf.gradients, tf.compat.v1.gradients
     model, x, y = residual()
@@ -37,6 +38,7 @@ def test_monkey_patch_replaces_and_unpatch_restores():
     assert max_relative_error(reference(x, y), patched) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["residual", "transformer"])
 def test_gradient_tape_matches_tf_gradient_tape(name):
     keras.utils.set_random_seed(0)
@@ -78,6 +80,7 @@ class _nothing:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["deep_chain", "residual", "subclassed"])
 def test_fit_hook_trains_like_plain_fit(name):
     keras.utils.set_random_seed(1)
@@ -118,6 +121,7 @@ def test_fit_hook_rejects_non_models():
         memgrad.disable_checkpointing(keras.layers.Dense(2))
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_one_device(mirrored_strategy):
     strategy = mirrored_strategy
     keras.utils.set_random_seed(2)
@@ -152,6 +156,7 @@ def test_mirrored_strategy_matches_one_device(mirrored_strategy):
     assert max_relative_error(reference, result) <= 1e-5
 
 
+@pytest.mark.slow
 def test_fit_hook_under_mirrored_strategy(mirrored_strategy):
     strategy = mirrored_strategy
     with strategy.scope():

@@ -20,6 +20,7 @@ def _both(model, x, y, checkpoints):
     return step(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 @pytest.mark.parametrize("checkpoints", ["memory", "speed"])
 def test_matches_tf_gradients(name, checkpoints):

@@ -8,6 +8,8 @@ the allocator (BFC, exact) with memgrad.profiler.measure.
 import keras
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.memory
 import tensorflow as tf
 
 import memgrad

@@ -30,6 +30,7 @@ def _residual_forward(x, weights, shared=None):
     return tf.reduce_sum(h * h), hs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoints", STRATEGIES, ids=["memory", "speed", "budget"])
 def test_intermediate_x_passes_its_gradient_upstream(checkpoints):
     weights = _residual_weights()
@@ -50,6 +51,7 @@ def test_intermediate_x_passes_its_gradient_upstream(checkpoints):
     assert max_relative_error(reference, checkpointed) <= 1e-5
 
 
+@pytest.mark.slow
 def test_intermediate_x_through_gradient_tape():
     weights = _residual_weights()
     x = tf.random.stateless_normal([4, 16], [3, 4])
@@ -96,6 +98,7 @@ def _grouped_conv_model():
     return keras.Model(inputs, outputs)
 
 
+@pytest.mark.slow
 def test_function_call_op_in_the_last_segment():
     model = _grouped_conv_model()
     variables = model.trainable_variables
@@ -163,6 +166,7 @@ def _resolve(path):
     return value
 
 
+@pytest.mark.slow
 def test_monkey_patch_reaches_every_public_alias_and_unpatch_restores_them():
     originals = {path: _resolve(path) for path in ALIASES}
     weights = _residual_weights(depth=8)
@@ -237,6 +241,7 @@ def test_non_persistent_tape_computes_one_set_of_gradients():
         step(tf.ones([2, 3]), False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["variable", "constant"])
 def test_input_held_in_a_variable_or_constant_is_still_an_activation_stream(source):
     weights = _residual_weights(depth=16, width=32)
@@ -255,6 +260,7 @@ def test_input_held_in_a_variable_or_constant_is_still_an_activation_stream(sour
     assert max_relative_error(reference, checkpointed) <= 1e-5
 
 
+@pytest.mark.slow
 def test_stop_gradients_give_partial_derivatives():
     weights = _residual_weights(depth=10)
 
@@ -305,6 +311,7 @@ def _cond_forward(x, weights):
     return tf.reduce_sum(h * h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoints", STRATEGIES, ids=["memory", "speed", "budget"])
 def test_cond_already_differentiated_by_tf_gradients(checkpoints):
     # tf.gradients rewrites an If op to output its intermediates (variants); memgrad then

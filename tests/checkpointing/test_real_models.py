@@ -45,6 +45,7 @@ def _loss(model, x, y):
         keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
 
+@pytest.mark.slow
 def test_convnext_gradients_and_tape_match_plain_autodiff(convnext):
     model, x, y, _, reference = convnext
     variables = model.trainable_variables
@@ -62,6 +63,7 @@ def test_convnext_gradients_and_tape_match_plain_autodiff(convnext):
     assert max_relative_error(reference, by_tape) <= 1e-5
 
 
+@pytest.mark.slow
 def test_convnext_fit_hook_takes_plain_autodiffs_step(convnext):
     model, x, y, initial, reference = convnext
     hooked = keras.models.clone_model(model)

@@ -34,6 +34,7 @@ def _train_once(model, x, y, use_memgrad):
     return float(step(x, y))
 
 
+@pytest.mark.slow
 def test_batchnorm_statistics_update_once_and_dropout_masks_match():
     keras.utils.set_random_seed(3)
     plain, x, y = batchnorm_dropout()
@@ -326,6 +327,7 @@ def test_copies_keep_the_original_device():
     assert {c.device for c in copies} == set(originals.values())
 
 
+@pytest.mark.slow
 def test_speed_mode_never_runs_an_expensive_op_twice():
     keras.utils.set_random_seed(6)
     layers = keras.layers

@@ -1,32 +1,23 @@
 """TF1-style users: reference variables, Session graphs, collections and tf_keras (issue-25 ports).
 
 `tf.compat.v1.disable_v2_behavior()` is process-wide, so the behaviours run in one fresh
-process (`tests/checkpointing/tf1_session_probe.py`) and this module checks its report.
+process (`tests/checkpointing/tf1_session_probe.py`, started by tests/conftest.py) and this
+module checks its report. Importing the probe here would turn v2 behaviour off in this process.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The probe's MARKER; importing the probe here would turn v2 behaviour off in this process.
-MARKER = "TF1_SESSION_PROBE "
+# The probe takes a minute or more; the chain's peaks are measured memory.
+pytestmark = pytest.mark.slow
+FRESH_PROCESSES = {"report": dict(target="tests.checkpointing.tf1_session_probe:report", timeout=600)}
 
 
 @pytest.fixture(scope="module")
-def report():
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.checkpointing.tf1_session_probe"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return json.loads(lines[-1][len(MARKER):])
+def report(fresh_results):
+    return fresh_results["report"]
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("n, limit", [(25, 0.6), (100, 0.4)])
 def test_reference_variable_chain_saves_memory_in_a_session(report, n, limit):
     # The input is a variable too: the chain is still told apart from parameter arithmetic.

@@ -3,7 +3,8 @@
 Ports the behaviours openai/gradient-checkpointing tested: reference variables, a graph run
 by `tf.compat.v1.Session`, the input held in a variable, `monkey_patch` and collections, and
 tf_keras (Keras 2) training, whose v1 optimizer calls
-`tensorflow.compat.v2.compat.v1.gradients`. Prints one JSON line after ``MARKER``.
+`tensorflow.compat.v2.compat.v1.gradients`. `report()` returns the findings (test_tf1.py calls
+it in a fresh process); by hand, this prints them as one JSON line after ``MARKER``:
 
     python -m tests.checkpointing.tf1_session_probe
 """
@@ -129,15 +130,14 @@ def tf_keras_fit():
             "segments": patched["segments"]}
 
 
-def main():
-    report = {
+def report():
+    return {
         "chain_25": memory_and_gradients(25),
         "chain_100": memory_and_gradients(100),
         "patched_collection": patched_collection(),
         "tf_keras": tf_keras_fit(),
     }
-    sys.stdout.write(MARKER + json.dumps(report) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    sys.stdout.write(MARKER + json.dumps(report()) + "\n")

@@ -1,8 +1,9 @@
 """Peak memory of one training step of zoo models (run as a script, in a fresh process).
 
-Usage: ``python memory_probe.py densenet 40:1,100:1,100:0`` (depth:efficient pairs) or
-``python memory_probe.py glow 4:1,32:1`` (steps per level:reversible). Prints ``PEAKS {json}``: bytes above
-the baseline, the median of three calls.
+`densenet(["40:1", "100:1"])` (depth:efficient pairs) and `glow(["4:1", "32:1"])` (steps per
+level:reversible) return the peaks, bytes above the baseline, the median of three calls;
+tests/models/test_memory.py calls them in fresh processes. By hand:
+``python -m tests.models.memory_probe densenet 40:1,100:1,100:0`` prints ``PEAKS {json}``.
 """
 
 import json
@@ -19,6 +20,10 @@ import tensorflow as tf  # noqa: E402
 import memgrad  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.zoo_checkout import import_zoo_from_this_checkout  # noqa: E402
+
+import_zoo_from_this_checkout()  # the zoo under test, as in the test process
 
 
 def sgd_step(model, loss_fn):

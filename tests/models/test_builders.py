@@ -15,6 +15,7 @@ def trainable_parameters(model):
     return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", sorted(resnet.PAPER))
 def test_resnet_parameters_match_the_revnet_papers_table(depth):
     expected = resnet.PAPER[depth][2]
@@ -22,6 +23,7 @@ def test_resnet_parameters_match_the_revnet_papers_table(depth):
     assert abs(count / expected - 1) <= 0.03, f"ResNet-{depth}: {count} vs {expected:.0f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", sorted(revnet.PAPER))
 def test_revnet_parameters_match_the_papers_table(depth):
     expected = revnet.PAPER[depth][3]
@@ -29,6 +31,7 @@ def test_revnet_parameters_match_the_papers_table(depth):
     assert abs(count / expected - 1) <= 0.03, f"RevNet-{depth}: {count} vs {expected:.0f}"
 
 
+@pytest.mark.slow
 def test_densenet_bc_100_has_the_papers_08m_parameters():
     # The paper gives one significant figure (0.8M); the count must round to it.
     count = trainable_parameters(densenet.densenet_bc(100, 12, input_shape=(8, 8, 3)))
@@ -36,6 +39,7 @@ def test_densenet_bc_100_has_the_papers_08m_parameters():
 
 
 
+@pytest.mark.slow
 def test_revnet_with_plain_backprop_is_the_same_network():
     reversible = revnet.revnet(38, input_shape=(8, 8, 3))
     plain = revnet.revnet(38, input_shape=(8, 8, 3), reversible=False)
@@ -46,6 +50,7 @@ def test_revnet_with_plain_backprop_is_the_same_network():
     x = np.random.default_rng(0).uniform(size=(2, 8, 8, 3)).astype("float32")
     np.testing.assert_allclose(plain(x).numpy(), reversible(x).numpy(), rtol=1e-5, atol=1e-6)
 
+@pytest.mark.slow
 def test_revnet_stages_are_reversible_between_downsampling_units():
     model = revnet.revnet(38, input_shape=(32, 32, 3))
     stacks = [layer for layer in model.layers if isinstance(layer, ReversibleSequence)]
@@ -60,6 +65,7 @@ def test_revnet_stages_are_reversible_between_downsampling_units():
     (resnet.resnet, 20), (resnet.resnet, 29), (revnet.revnet, 26), (revnet.revnet, 38),
     (densenet.densenet_bc, 16),
 ])
+@pytest.mark.slow
 def test_builders_map_images_to_logits(builder, depth):
     model = builder(depth, num_classes=7, input_shape=(8, 8, 1))
     logits = model(tf.random.normal([3, 8, 8, 1]), training=False)

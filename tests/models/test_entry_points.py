@@ -10,6 +10,7 @@ import pytest
 
 from memgrad_zoo.train import classifier_main, glow_main
 
+
 MAINS = {
     "revnet": lambda argv: classifier_main("revnet", argv),
     "resnet": lambda argv: classifier_main("resnet", argv),
@@ -42,6 +43,7 @@ def test_bad_arguments_give_one_line_and_exit_2(kind, argv, message, capsys):
     assert len(error_lines) == 1 and message in error_lines[0], error_lines
 
 
+@pytest.mark.slow
 def test_classifier_run_saves_a_loadable_checkpoint_and_a_summary(tmp_path):
     checkpoint, summary = tmp_path / "revnet.keras", tmp_path / "revnet.json"
     classifier_main("revnet", ["--depth", "14", "--epochs", "1", "--quiet",
@@ -52,6 +54,7 @@ def test_classifier_run_saves_a_loadable_checkpoint_and_a_summary(tmp_path):
     assert keras.saving.load_model(checkpoint).count_params() == results["parameters"]
 
 
+@pytest.mark.slow
 def test_python_dash_m_memgrad_zoo_glow_trains_with_a_progress_bar_and_writes_samples(tmp_path):
     """``python -m memgrad_zoo glow`` from another folder: the installed zoo, not the repository's."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

@@ -24,6 +24,7 @@ def perturbed_glow(image_shape, levels, steps, seed=0):
     return glow
 
 
+@pytest.mark.slow
 def test_encode_then_decode_reconstructs_the_input():
     glow = perturbed_glow((8, 8, 1), levels=2, steps=4)
     u = glow.dequantize(tf.random.stateless_uniform([6, 8, 8, 1], seed=[2, 3]))
@@ -33,6 +34,7 @@ def test_encode_then_decode_reconstructs_the_input():
     assert error <= 1e-4, f"x -> z -> x error {error}"
 
 
+@pytest.mark.slow
 def test_log_density_is_the_priors_plus_the_brute_force_jacobian_log_determinant():
     glow = perturbed_glow((4, 4, 1), levels=2, steps=2, seed=3)
     u = glow.dequantize(tf.random.stateless_uniform([3, 4, 4, 1], seed=[4, 5]))
@@ -66,6 +68,7 @@ def test_log_density_is_the_priors_plus_the_brute_force_jacobian_log_determinant
                                rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_bits_per_dim_is_the_negative_log_prob_in_bits():
     glow = perturbed_glow((8, 8, 1), levels=1, steps=2)
     x = tf.random.stateless_uniform([4, 8, 8, 1], seed=[7, 8])
@@ -76,6 +79,7 @@ def test_bits_per_dim_is_the_negative_log_prob_in_bits():
     np.testing.assert_allclose(bits.numpy(), -log_prob.numpy() / (64 * math.log(2)), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_samples_have_the_image_shape_and_range_and_follow_the_seed():
     glow = perturbed_glow((8, 8, 1), levels=2, steps=2)
     samples = glow.sample(5, temperature=0.7, seed=11)
@@ -108,6 +112,7 @@ def test_images_of_the_wrong_shape_are_named():
         glow.decode([tf.zeros([1, 4, 4, 4])] * 2)
 
 
+@pytest.mark.slow
 def test_constant_memory_training_matches_plain_backprop_on_digits():
     """The issue's Table 1 check, small: same Glow, same data, both gradient paths."""
     digits = data.load_digits()

@@ -49,6 +49,7 @@ def plain_reversible_sequences(monkeypatch):
     return lambda: monkeypatch.setattr(ReversibleSequence, "_run", plain_run)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True])
 def test_revnet_gradients_equal_plain_autodiff(plain_reversible_sequences, graph):
     keras.utils.set_random_seed(1)
@@ -61,6 +62,7 @@ def test_revnet_gradients_equal_plain_autodiff(plain_reversible_sequences, graph
     assert_close(grads, expected, 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True])
 def test_efficient_densenet_gradients_equal_the_plain_model(graph):
     efficient = densenet.densenet_bc(16, 6, efficient=True, input_shape=(8, 8, 1))
@@ -73,6 +75,7 @@ def test_efficient_densenet_gradients_equal_the_plain_model(graph):
     assert_close(grads, expected, 1e-4)
 
 
+@pytest.mark.slow
 def test_efficient_densenet_updates_batchnorm_statistics_once_per_step():
     efficient = densenet.densenet_bc(16, 6, efficient=True, input_shape=(8, 8, 1))
     plain = densenet.densenet_bc(16, 6, efficient=False, input_shape=(8, 8, 1))
@@ -90,6 +93,7 @@ def test_efficient_densenet_updates_batchnorm_statistics_once_per_step():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True])
 def test_glow_gradients_equal_plain_backprop_of_the_same_weights(graph):
     images = tf.random.stateless_uniform([8, 8, 8, 1], seed=[3, 4])

@@ -1,6 +1,6 @@
 """Training-step memory of the zoo: a Glow level does not grow with K; DenseNet-BC grows linearly.
 
-Measured in fresh processes (tests/probes.py) with BFC and oneDNN's convolutions:
+Measured in fresh processes (FRESH_PROCESSES, started by tests/conftest.py) with BFC and oneDNN's convolutions:
 TensorFlow's own (Eigen) CPU convolution gradients add an im2col scratch of up to 16 MiB per
 convolution in flight, the same for every variant, which would bury these small models'
 feature maps (a 16-layer DenseNet-BC measured 76 MiB with it, 9 MiB without).
@@ -8,17 +8,19 @@ feature maps (a 16-layer DenseNet-BC measured 76 MiB with it, 9 MiB without).
 
 import pytest
 
-from tests import probes
+pytestmark = pytest.mark.memory
 
-CONFIGS = {"densenet": "40:1,100:1,100:0", "glow": "4:1,32:1,32:0"}
-PROBES = probes.declare(
-    "zoo", "tests.models.memory_probe", [[kind, configs] for kind, configs in CONFIGS.items()], "PEAKS ",
-    env={"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "true"}, owner=__name__)
+CONFIGS = {"densenet": ["40:1", "100:1", "100:0"], "glow": ["4:1", "32:1", "32:0"]}
+FRESH_PROCESSES = {
+    kind: dict(target=f"tests.models.memory_probe:{kind}", args=[configs],
+               env={"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    for kind, configs in CONFIGS.items()
+}
 
 
 @pytest.fixture(scope="module")
-def peaks():
-    return dict(zip(CONFIGS, probes.results(PROBES)))
+def peaks(fresh_results):
+    return fresh_results
 
 
 def test_glow_level_peak_does_not_grow_with_steps(peaks):

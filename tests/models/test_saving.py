@@ -35,6 +35,7 @@ def round_trip(model, tmp_path):
     (lambda: densenet.densenet_bc(16, 6, efficient=True, input_shape=(8, 8, 1)), EfficientBottleneck),
     (lambda: densenet.densenet_bc(16, 6, efficient=False, input_shape=(8, 8, 1)), None),
 ])
+@pytest.mark.slow
 def test_classifiers_round_trip(tmp_path, build, layer_type):
     keras.utils.set_random_seed(0)
     model = build()
@@ -50,6 +51,7 @@ def test_classifiers_round_trip(tmp_path, build, layer_type):
                    if isinstance(layer, EfficientBottleneck))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reversible", [True, False])
 def test_glow_round_trips(tmp_path, reversible):
     glow = Glow((8, 8, 1), levels=2, steps=2, hidden=8, reversible=reversible, seed=4)

@@ -6,6 +6,7 @@ from memgrad._src.profiler import emulated
 HOLD = "tests.profiler.capped_targets:hold"
 
 
+@pytest.mark.memory
 def test_capped_run_fits_below_its_cap_and_reports_the_peak():
     run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 8})  # 32 MiB held
     assert run.fits
@@ -13,6 +14,7 @@ def test_capped_run_fits_below_its_cap_and_reports_the_peak():
     assert 32 * 2**20 <= run.peak_bytes <= 40 * 2**20
 
 
+@pytest.mark.memory
 def test_capped_run_reports_out_of_memory_above_its_cap():
     run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 20})  # 80 MiB held
     assert not run.fits
@@ -20,6 +22,7 @@ def test_capped_run_reports_out_of_memory_above_its_cap():
     assert "out of memory" in str(run)
 
 
+@pytest.mark.slow  # two fresh processes
 def test_failures_other_than_memory_raise():
     with pytest.raises(memgrad.profiler.CappedRunError, match="not a memory problem"):
         memgrad.profiler.run_capped("tests.profiler.capped_targets:fail", "64MiB")
@@ -58,6 +61,7 @@ def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
     assert memgrad.profiler.max_batch_size(HOLD, "1MiB").batch_size == 0
 
 
+@pytest.mark.memory
 def test_max_batch_size_on_the_emulated_device():
     # 4 MiB per item and ~2 MiB of runtime buffers under a 64 MiB cap: 15 items fit, 16 do not.
     search = memgrad.profiler.max_batch_size(HOLD, "64MiB", low=14, high=16)

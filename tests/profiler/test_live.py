@@ -27,6 +27,7 @@ def test_replay_lists_what_was_alive_at_the_highest_usage():
     assert [t.op for t in top1.tensors] == ["b"] and top1.other_bytes == 100
 
 
+@pytest.mark.memory
 def test_the_step_peak_holds_the_activations_plain_backprop_keeps():
     width, batch, depth = 256, 512, 6
     kernels = [tf.Variable(tf.random.stateless_normal([width, width], [0, i]) * 0.05) for i in range(depth)]

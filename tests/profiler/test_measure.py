@@ -23,6 +23,7 @@ def keep_chain(x):
     return outputs
 
 
+@pytest.mark.memory
 def test_peak_matches_analytic_bytes_of_kept_activations():
     x = tf.random.normal([BATCH, WIDTH])
     report = memgrad.profiler.measure(keep_chain, args=(x,), device="CPU:0")
@@ -48,6 +49,7 @@ _SCALING_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.memory
 def test_peak_scales_with_what_the_call_keeps():
     # A fresh process: the BFC allocator's slack (chunks handed out unsplit) depends on what
     # earlier tests allocated, and a 2-tensor peak is small enough for that to show.
@@ -58,6 +60,7 @@ def test_peak_scales_with_what_the_call_keeps():
     assert ratio == pytest.approx(KEPT / 2, rel=0.10)
 
 
+@pytest.mark.memory
 def test_eager_call_and_kwargs_and_repeats():
     def eager(x, scale=1.0):
         return [tf.tanh(x) * scale for _ in range(4)]
@@ -126,6 +129,7 @@ def _run_without_bfc(script, **extra_env):
                           capture_output=True, text=True, timeout=300, check=True)
 
 
+@pytest.mark.memory
 def test_default_cpu_allocator_measures_large_tensors_and_warns():
     # Without TF_CPU_ALLOCATOR_USE_BFC, oneDNN's allocator still measures 1 MiB activations.
     # TensorFlow turns oneDNN on by default only on CPUs with AVX-512, so it is forced here.
@@ -143,6 +147,7 @@ def test_default_cpu_allocator_measures_large_tensors_and_warns():
     assert "TF_CPU_ALLOCATOR_USE_BFC=true" in completed.stderr  # the coarse-statistics warning
 
 
+@pytest.mark.slow  # a fresh process
 def test_missing_allocator_stats_raise_a_clear_error():
     # With oneDNN off and no BFC allocator, TensorFlow keeps no CPU allocator statistics.
     out = _run_without_bfc(

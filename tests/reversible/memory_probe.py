@@ -1,6 +1,6 @@
-"""Peak memory of one training step, reversible vs plain, at several depths (run as a script).
+"""Peak memory of one training step, reversible vs plain, at several depths (a fresh-process probe).
 
-Run in a subprocess by test_memory.py with oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1, no
+`peaks(kinds, depths)` is called in a fresh process by test_memory.py with oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1, no
 BFC): every
 tensor here is at least 1 MiB, which that allocator counts exactly, whereas the BFC
 allocator also counts the slack of chunks it hands out unsplit (up to 2x a request).
@@ -56,7 +56,8 @@ def training_step(stack, reversible, graph):
     return tf.function(step) if graph else step
 
 
-def main(kinds, depths):
+def peaks(kinds, depths):
+    """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``."""
     x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
     peaks = {}
     for kind in kinds:
@@ -72,8 +73,8 @@ def main(kinds, depths):
                                       .peak_above_baseline_bytes for call in range(calls))
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = measured[calls // 2]
-    print("PEAKS " + json.dumps(peaks))
+    return peaks
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")])
+    print("PEAKS " + json.dumps(peaks(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")])))

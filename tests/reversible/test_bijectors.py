@@ -29,6 +29,7 @@ def _tfp_forward(parts):
     return forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["normalising", "denormalising"])
 def test_training_batchnorm_bijector_matches_autodiff_and_updates_once(direction):
     # Before: 416% (Invert: the inverse de-normalised with moving statistics, the moving
@@ -102,6 +103,7 @@ def _shift_and_log_scale_network(seed):
                              dense(4, seed + 2, None, stddev=0.1)])
 
 
+@pytest.mark.slow
 def test_realnvp_keras_network_is_tracked_and_gets_plain_gradients():
     # Before: 0 of the 12 variables in stack.trainable_variables (nor bijector.trainable_variables).
     first = _shift_and_log_scale_network(1)

@@ -73,6 +73,7 @@ def _drift_step(stack, x):
     return tape.gradient(loss, x)
 
 
+@pytest.mark.slow
 def test_reconstruction_check_measures_drift_and_warns():
     x = tf.random.stateless_normal([8, 32], seed=[5, 6])
     strict = ReversibleSequence(make_blocks("flow", 16, 32), return_logdet=True, check_reconstruction=True,
@@ -89,6 +90,7 @@ def test_reconstruction_check_measures_drift_and_warns():
     assert 0.0 <= loose.last_reconstruction_error < 1e-5
 
 
+@pytest.mark.slow
 def test_reconstruction_check_in_a_graph_prints(capfd):
     x = tf.random.stateless_normal([8, 32], seed=[5, 6])
     strict = ReversibleSequence(make_blocks("flow", 16, 32), return_logdet=True, check_reconstruction=True,
@@ -114,6 +116,7 @@ def test_reconstruction_check_warns_on_nan_drift():
     assert np.isnan(stack.last_reconstruction_error)
 
 
+@pytest.mark.slow
 def test_reconstruction_check_in_a_graph_prints_nan_drift(capfd):
     stack = _overflowing_stack()
     tf.function(_drift_step)(stack, tf.random.stateless_normal([4, 8], seed=[5, 6]))

@@ -34,6 +34,7 @@ def _compare(stack, x, graph):
     return [g.numpy() for g in got], [w.numpy() for w in want]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_float64_gradients_match_autodiff(kind, graph):
@@ -44,6 +45,7 @@ def test_float64_gradients_match_autodiff(kind, graph):
     assert max_relative_error(got, want) <= 1e-8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 def test_float64_gradients_with_convolutions_and_squeeze(graph):
     x = tf.random.stateless_normal([2, 8, 8, 4], seed=[3, 4], dtype=tf.float64)
@@ -52,6 +54,7 @@ def test_float64_gradients_with_convolutions_and_squeeze(graph):
     assert max_relative_error(got, want) <= 1e-8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, depth", [("additive", 32), ("affine", 32), ("algorithm1", 32),
                                          ("flow", 8)])  # a flow step is 4 blocks
 def test_float32_gradient_angle_at_32_blocks(kind, depth):
@@ -63,6 +66,7 @@ def test_float32_gradient_angle_at_32_blocks(kind, depth):
     assert angle_degrees(got, want) <= 1.0
 
 
+@pytest.mark.slow
 def test_tfp_bijector_block_gradients():
     shift = tf.Variable(tf.linspace(-1.0, 1.0, 8), dtype=tf.float32)
     log_scale = tf.Variable(tf.fill([8], 0.2))
@@ -81,6 +85,7 @@ def test_tfp_bijector_block_gradients():
     assert max_relative_error([g.numpy() for g in got], [w.numpy() for w in want]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_dropout_mask_replayed_and_batchnorm_updated_once():
     """Recomputation sees the forward's dropout mask and does not touch BN statistics."""
     def f(seed):

@@ -39,6 +39,7 @@ def _brute_force_logdet(stack, x):
     return tf.stack(logdets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["affine", "affine_sigmoid_network", "flow"])
 def test_logdet_matches_brute_force_jacobian(kind):
     x = tf.random.stateless_normal([3, 6], seed=[4, 5], dtype=tf.float64)
@@ -48,6 +49,7 @@ def test_logdet_matches_brute_force_jacobian(kind):
     np.testing.assert_allclose(logdet, _brute_force_logdet(stack, x), rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_image_flow_logdet_matches_brute_force_jacobian():
     from memgrad.layers import ReversibleSequence
 

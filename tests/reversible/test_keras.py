@@ -56,6 +56,7 @@ def test_plain_backprop_stack_is_the_same_function_under_plain_autodiff():
     assert ReversibleSequence.from_config(plain.get_config()).plain_backprop
     assert not ReversibleSequence.from_config(stack.get_config()).plain_backprop
 
+@pytest.mark.slow
 def test_keras_file_round_trip(tmp_path):
     blocks = [ActNorm(), Invertible1x1Conv(seed=0), AffineCoupling(dense(8, 1), dense(8, 2, None), scale="sigmoid"),
               ChannelPermutation(), AdditiveCoupling(dense(8, 3), dense(8, 4))]
@@ -69,6 +70,7 @@ def test_keras_file_round_trip(tmp_path):
     loaded.fit(x, y, epochs=1, batch_size=64, verbose=0)  # still trains after loading
 
 
+@pytest.mark.slow
 def test_image_stack_keras_file_round_trip(tmp_path):
     blocks = make_blocks("image", 2, 4)
     model = keras.Sequential([keras.Input((8, 8, 4)), ReversibleSequence(blocks), keras.layers.Flatten()])
@@ -80,6 +82,7 @@ def test_image_stack_keras_file_round_trip(tmp_path):
     assert isinstance(model.layers[0].blocks[2], Squeeze)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["additive", "affine"])
 def test_model_fit_trains_every_variable(kind):
     stack = ReversibleSequence(make_blocks(kind, 4, 16))
@@ -101,6 +104,7 @@ def test_functional_model_with_logdet_output():
     assert out_z.shape == (3, 16) and out_logdet.shape == (3,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_mixed_precision_gradients_follow_autodiff(policy):
     keras.mixed_precision.set_global_policy(policy)
@@ -124,6 +128,7 @@ def test_mixed_precision_gradients_follow_autodiff(policy):
     assert angle_degrees([g.numpy() for g in got], [tf.cast(w, tf.float32).numpy() for w in want]) <= tolerance
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_one_device(mirrored_strategy):
     x, y = _data(n=64)
 

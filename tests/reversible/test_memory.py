@@ -2,21 +2,24 @@
 
 import pytest
 
-from tests import probes
 from tests.reversible.memory_probe import BATCH, WIDTH
+
+pytestmark = pytest.mark.memory
 
 HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f or g: 4 MiB
 # oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs with
 # AVX-512); without BFC. One process per kind.
-PROBES = probes.declare(
-    "reversible", "tests.reversible.memory_probe", [["additive", "8,64"], ["affine", "8,64"]], "PEAKS ",
-    env={"TF_CPU_ALLOCATOR_USE_BFC": None, "TF_ENABLE_ONEDNN_OPTS": "1"}, owner=__name__)
+FRESH_PROCESSES = {
+    kind: dict(target="tests.reversible.memory_probe:peaks", args=[[kind], [8, 64]],
+               env={"TF_CPU_ALLOCATOR_USE_BFC": None, "TF_ENABLE_ONEDNN_OPTS": "1"})
+    for kind in ("additive", "affine")
+}
 
 
 @pytest.fixture(scope="module")
-def peaks():
+def peaks(fresh_results):
     results = {}
-    for measured in probes.results(PROBES):
+    for measured in fresh_results.values():
         results.update(measured)
     return results
 

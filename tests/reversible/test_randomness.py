@@ -114,6 +114,7 @@ def test_replayable_randomness_matches_autodiff(kind, graph):
         assert any(not np.array_equal(v.numpy(), value) for v, value in states)
 
 
+@pytest.mark.slow
 def test_check_traces_each_block_once_per_training_mode(monkeypatch):
     """The check is a trace per block, so it must not run again on every step."""
     checked = []

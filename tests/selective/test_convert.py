@@ -60,6 +60,7 @@ def test_functional_and_nested_conversion():
     np.testing.assert_array_equal(converted(x), model(x))
 
 
+@pytest.mark.slow
 def test_converted_model_save_load_round_trip(tmp_path):
     converted = memgrad.selective.convert(_sequential())
     x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype("float32")
@@ -71,6 +72,7 @@ def test_converted_model_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded(x, training=False), converted(x, training=False))
 
 
+@pytest.mark.slow
 def test_converted_model_trains_with_fit_and_eager_gradients_match():
     model = _sequential()
     model.layers[0].trainable = False

@@ -7,6 +7,8 @@ import tensorflow as tf
 import memgrad
 from memgrad.profiler.workloads import conv_classifier
 
+pytestmark = pytest.mark.memory
+
 
 def conv_net(frozen_backbone):
     return conv_classifier(frozen_backbone, depth=16, channels=16)

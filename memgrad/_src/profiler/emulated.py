@@ -3,21 +3,17 @@
 TensorFlow's CPU allocator can be replaced by the BFC allocator with a hard limit
 (``TF_CPU_ALLOCATOR_USE_BFC=true``, ``TF_CPU_BFC_MEM_LIMIT_IN_MB=N``); an allocation
 past the limit raises ``ResourceExhaustedError``, just as on a GPU that is full.
-The variables must be set before TensorFlow is imported, hence the subprocess.
+The variables must be set before TensorFlow is imported, hence the subprocess
+(`memgrad._src.profiler.fresh.run_in_fresh_process`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 import time
 
+from memgrad._src.profiler.fresh import FreshProcessError, check_target, run_in_fresh_process
 from memgrad._src.units import format_bytes, parse_bytes
-
-RESULT_MARKER = "MEMGRAD_CAPPED_RESULT "
 
 
 class CappedRunError(RuntimeError):
@@ -49,15 +45,6 @@ class CappedRun:
     def __str__(self) -> str:
         outcome = f"fits (peak {format_bytes(self.peak_bytes)})" if self.fits else "out of memory"
         return f"{self.target}({self.kwargs}) under {format_bytes(self.limit_bytes)}: {outcome}"
-
-
-def _check_target(target) -> str:
-    if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-        raise ValueError(
-            "Expected the workload as an importable 'module:function' string, e.g. "
-            f"'memgrad.profiler.workloads:mlp_training_step'. Received: {target!r}"
-        )
-    return target
 
 
 def _limit_in_mib(limit) -> int:
@@ -97,43 +84,22 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
       >>> run.fits
       True
     """
-    target = _check_target(target)
+    target = check_target(target)
     limit_mib = _limit_in_mib(limit)
     kwargs = dict(kwargs or {})
-    payload = json.dumps({"target": target, "kwargs": kwargs})
-
-    env = dict(os.environ)
-    env.update(
+    env = dict(
         TF_CPU_ALLOCATOR_USE_BFC="true",
         TF_CPU_BFC_MEM_LIMIT_IN_MB=str(limit_mib),
         TF_CPP_MIN_LOG_LEVEL="2",
         CUDA_VISIBLE_DEVICES="-1",
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
     )
     start = time.perf_counter()
     try:
-        completed = subprocess.run(
-            [sys.executable, "-m", "memgrad._src.profiler._capped_worker", payload],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise CappedRunError(f"{target} did not finish within {timeout} s") from error
+        result = run_in_fresh_process("memgrad._src.profiler._capped_worker:call_capped",
+                                      kwargs={"target": target, "kwargs": kwargs}, env=env, timeout=timeout)
+    except FreshProcessError as error:
+        raise CappedRunError(f"{target}({kwargs}) failed in its capped subprocess: {error.detail}") from error
     elapsed = time.perf_counter() - start
-
-    result = None
-    for line in completed.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            result = json.loads(line[len(RESULT_MARKER):])
-    if result is None or result["status"] == "error":
-        detail = result["message"] if result else completed.stderr.strip()[-2000:]
-        raise CappedRunError(
-            f"{target}({kwargs}) failed in its capped subprocess "
-            f"(exit code {completed.returncode}): {detail}"
-        )
     return CappedRun(
         target=target,
         kwargs=kwargs,
@@ -193,7 +159,7 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
 
     Example:
       >>> search = max_batch_size("memgrad.profiler.workloads:mlp_training_step",
-      ...                         "128MiB", {"depth": 8, "width": 256})
+      ...                         "128MiB", {"depth": 8, "width": 256}, low=64, high=256)
       >>> search.batch_size > 0
       True
     """

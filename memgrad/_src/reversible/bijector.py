@@ -154,6 +154,7 @@ class BijectorBlock(ReversibleBlock):
 
     Example:
       >>> import tensorflow_probability as tfp
+      >>> from memgrad.layers import ReversibleSequence
       >>> stack = ReversibleSequence([tfp.bijectors.Scale(2.0)], return_logdet=True)
       >>> y, logdet = stack(tf.ones([3, 4]))    # logdet = 4 * log 2 per example
     """

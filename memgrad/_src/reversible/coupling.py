@@ -69,6 +69,7 @@ class AdditiveCoupling(ReversibleBlock):
       **kwargs: Keras layer arguments (``name``, ``dtype``, ...).
 
     Example:
+      >>> from memgrad.layers import ReversibleSequence
       >>> block = AdditiveCoupling(keras.layers.Dense(8, activation="relu"),
       ...                          keras.layers.Dense(8, activation="relu"))
       >>> stack = ReversibleSequence([block])
@@ -167,6 +168,7 @@ class AffineCoupling(ReversibleBlock):
       **kwargs: Keras layer arguments.
 
     Example:
+      >>> from memgrad.layers import ReversibleSequence
       >>> nn = keras.Sequential([keras.layers.Dense(32, activation="relu"),
       ...                        keras.layers.Dense(16, kernel_initializer="zeros")])
       >>> flow = ReversibleSequence([AffineCoupling(network=nn, scale="sigmoid")],

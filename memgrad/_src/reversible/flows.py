@@ -166,7 +166,8 @@ class ChannelPermutation(ReversibleBlock):
       **kwargs: Keras layer arguments.
 
     Example:
-      >>> ChannelPermutation()(tf.constant([[1.0, 2.0, 3.0]]))   # [[3., 2., 1.]]
+      >>> ChannelPermutation()(tf.constant([[1.0, 2.0, 3.0]])).numpy()
+      array([[3., 2., 1.]], dtype=float32)
     """
 
     def __init__(self, permutation=None, **kwargs):

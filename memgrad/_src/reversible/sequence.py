@@ -139,6 +139,7 @@ class ReversibleSequence(keras.layers.Layer):
         traces each block once, about 20-40 ms per block on a CPU.
 
     Example:
+      >>> from memgrad.layers import AdditiveCoupling
       >>> half = 32
       >>> stack = ReversibleSequence([
       ...     AdditiveCoupling(keras.layers.Dense(half, activation="relu"),

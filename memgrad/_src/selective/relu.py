@@ -80,7 +80,8 @@ class ReLU(keras.layers.ReLU):
     the mask; other settings fall back to Keras's computation.
 
     Example:
-      >>> ReLU()(tf.constant([-1.0, 2.0]))    # [0., 2.]
+      >>> ReLU()(tf.constant([-1.0, 2.0])).numpy()
+      array([0., 2.], dtype=float32)
     """
 
     def call(self, inputs):
