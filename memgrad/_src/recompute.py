@@ -274,6 +274,7 @@ def recompute(fn, check_randomness=True):
       - Eagerly, the custom gradient holds ``fn``'s outputs until backprop.
 
     Example:
+      >>> import keras, tensorflow as tf, memgrad
       >>> block = keras.Sequential([keras.layers.Dense(256, activation="relu"),
       ...                           keras.layers.Dropout(0.1), keras.layers.Dense(64)])
       >>> block.build((None, 64))
@@ -282,6 +283,8 @@ def recompute(fn, check_randomness=True):
       >>> with tf.GradientTape() as tape:
       ...     loss = tf.reduce_sum(block_fn(x, training=True) ** 2)
       >>> grads = tape.gradient(loss, block.trainable_variables)
+      >>> len(grads), all(g is not None for g in grads)
+      (4, True)
     """
     if not callable(fn):
         raise TypeError(
@@ -322,11 +325,14 @@ class Recompute(keras.layers.Wrapper):
       ValueError: if ``layer`` is not a Keras layer.
 
     Example:
+      >>> import keras, memgrad
       >>> blocks = [memgrad.layers.Recompute(keras.Sequential([
       ...     keras.layers.Dense(256), keras.layers.BatchNormalization(),
       ...     keras.layers.ReLU(), keras.layers.Dropout(0.1)])) for _ in range(16)]
       >>> model = keras.Sequential([keras.Input((256,)), *blocks, keras.layers.Dense(10)])
       >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+      >>> model.count_params() > 16 * 256 * 256
+      True
 
     Caveats: those of `memgrad.recompute` (stateful TF random ops are refused; under XLA
     measure the saving).
