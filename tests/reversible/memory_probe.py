@@ -57,7 +57,13 @@ def training_step(stack, reversible, graph):
 
 
 def peaks(kinds, depths):
-    """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``."""
+    """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``.
+
+    One inter-op thread: a graph's ready ops then run in one order, so its peak does not move
+    with the interleaving two threads happen to pick (8 blocks measured 21-26 MiB across
+    processes with two threads, while 64 blocks stayed at 27-31 MiB).
+    """
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
     peaks = {}
     for kind in kinds:

@@ -33,15 +33,16 @@ def test_eager_reversible_peak_at_64_blocks_is_within_115_percent_of_8(peaks, ki
 
 @pytest.mark.parametrize("kind", ["additive", "affine"])
 def test_graph_reversible_peak_does_not_grow_with_depth(peaks, kind):
-    """In a graph the peak depends on the schedule TensorFlow picks for each graph: whether one
-    hidden activation is still alive at the peak (measured over runs: 26-30 MiB at 8 blocks,
-    29-33 MiB at 64, and 256 blocks peak like 8). The issue's 1.15x is met in some runs only
-    (measured 1.00-1.27x), so this asserts what holds in every run: the growth from 8 to 64
-    blocks stays within two hidden activations, where plain backprop grows by 56 blocks' worth.
+    """In a graph the peak depends on the schedule the executor picks. With two inter-op threads
+    it moved by one to two hidden activations between processes (8 blocks 21-26 MiB, 64 blocks
+    27-31 MiB); the probe runs one inter-op thread, where 8 and 64 blocks measured 25-26 and
+    26 MiB in four processes. Asserted: the growth from 8 to 64 blocks stays within two hidden
+    activations and 1.15x, where plain backprop grows by 56 blocks' worth.
     """
     shallow, deep = peaks[f"{kind}/graph/reversible/8"], peaks[f"{kind}/graph/reversible/64"]
     plain_growth = peaks[f"{kind}/graph/plain/64"] - peaks[f"{kind}/graph/plain/8"]
     assert deep - shallow <= 2 * HIDDEN_ACTIVATION_BYTES, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
+    assert deep <= 1.15 * shallow, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
     assert plain_growth >= 50 * HIDDEN_ACTIVATION_BYTES
 
 
