@@ -41,8 +41,9 @@ def _version(text):
     return tuple(parts)
 
 
-def _received():
-    return f"Received: TensorFlow {tf.__version__}, Keras {keras.__version__} (backend {keras.backend.backend()!r})"
+def _received(tf_version=None, keras_version=None, backend=None):
+    return (f"Received: TensorFlow {tf_version or tf.__version__}, Keras "
+            f"{keras_version or keras.__version__} (backend {backend or keras.backend.backend()!r})")
 
 
 def check_versions(tf_version=None, keras_version=None, backend=None):
@@ -60,8 +61,7 @@ def check_versions(tf_version=None, keras_version=None, backend=None):
     tf_v = _version(tf_version or tf.__version__)
     keras_v = _version(keras_version or keras.__version__)
     backend = backend or keras.backend.backend()
-    received = (f"Received: TensorFlow {tf_version or tf.__version__}, Keras "
-                f"{keras_version or keras.__version__} (backend {backend!r})")
+    received = _received(tf_version, keras_version, backend)
     if tf_v < TF_RANGE[0] or keras_v < KERAS_RANGE[0] or backend != "tensorflow":
         raise UnsupportedVersionError(f"{SUPPORTED}. {received}")
     if tf_v > TF_RANGE[1] or keras_v > KERAS_RANGE[1]:

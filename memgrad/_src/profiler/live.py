@@ -17,7 +17,8 @@ import tempfile
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.profiler.measure import _memory_info, _sync, _warn_if_coarse, positional_args, resolve_device
+from memgrad._src.arguments import positional_args
+from memgrad._src.profiler.measure import _memory_info, _sync, _warn_if_coarse, resolve_device
 from memgrad._src.units import format_bytes
 
 

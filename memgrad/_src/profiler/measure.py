@@ -11,7 +11,7 @@ import warnings
 
 import tensorflow as tf
 
-from memgrad._src.arguments import positional_args  # noqa: F401  (live.py and callers use it from here too)
+from memgrad._src.arguments import positional_args
 from memgrad._src.profiler.report import MemoryReport
 
 _DEVICE_PATTERN = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.IGNORECASE)
