@@ -26,16 +26,44 @@ from memgrad._src import tf_internals
 from memgrad._src.replay import ADVICE, CaptureScope, ReplayScope, find_stateful_random_op, snapshot
 
 
-def gate(tensors, prerequisites):
-    """``tensors`` (a structure), made to wait for ``prerequisites`` in a graph.
+class Gate:
+    """Makes tensors wait, in a graph, for prerequisites (usually an incoming gradient).
 
     The executor runs an op as soon as its inputs exist. A recomputation needs only
     forward tensors, so without a gate it would run right after the forward pass and hold
-    its memory until backprop reached it. Each gated tensor gets a control dependency on
+    its memory until backprop reached it. A gated tensor gets a control dependency on
     every prerequisite and, because XLA drops control edges, also a data dependency: a
-    zero made from one element of the first prerequisite (the incoming gradient), NaN if
-    that element is NaN, so no compiler can fold it away. Eagerly code runs in program
-    order: the tensors come back unchanged.
+    zero made from one element of the first prerequisite, NaN if that element is NaN, so
+    no compiler can fold it away (XLA cannot prove ``x == x`` for a float). The gated
+    tensor is also a new value, so a compiler cannot merge the recomputed ops reading it
+    with the forward ops (common subexpressions). The zero is built once per gate, on first
+    use. Eagerly code runs in program order: tensors come back unchanged.
+
+    Args:
+      prerequisites: a list of tensors (others are ignored); the first carries the data
+        dependency.
+    """
+
+    def __init__(self, prerequisites):
+        self.prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
+        self._zero = None
+
+    def __call__(self, t):
+        """``t`` gated (a floating or complex tensor), or ``t`` itself (anything else)."""
+        if tf.executing_eagerly() or not self.prerequisites:
+            return t
+        if not isinstance(t, tf.Tensor) or not (t.dtype.is_floating or t.dtype.is_complex):
+            return t  # IndexedSlices, integer tensors, non-tensors: passed through
+        if self._zero is None:
+            first = self.prerequisites[0]
+            token = tf.reduce_sum(tf.cast(tf.reshape(first, [-1])[:1], tf.float32))
+            self._zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
+        with tf.control_dependencies(self.prerequisites):
+            return t + tf.cast(self._zero, t.dtype)
+
+
+def gate(tensors, prerequisites):
+    """``tensors`` (a structure), made to wait for ``prerequisites`` in a graph (see `Gate`).
 
     Args:
       tensors: a structure of tensors (non-floating ones, IndexedSlices and ``None`` are
@@ -48,20 +76,7 @@ def gate(tensors, prerequisites):
     """
     if tf.executing_eagerly():
         return tensors
-    prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
-    if not prerequisites:
-        return tensors
-    first = prerequisites[0]
-    token = tf.reduce_sum(tf.cast(tf.reshape(first, [-1])[:1], tf.float32))
-    zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
-
-    def one(t):
-        if not isinstance(t, tf.Tensor) or not (t.dtype.is_floating or t.dtype.is_complex):
-            return t  # IndexedSlices, integer tensors, non-tensors: passed through
-        with tf.control_dependencies(prerequisites):
-            return t + tf.cast(zero, t.dtype)
-
-    return tf.nest.map_structure(one, tensors)
+    return tf.nest.map_structure(Gate(prerequisites), tensors)
 
 
 def _differentiable(leaf):
@@ -269,8 +284,8 @@ def recompute(fn, check_randomness=True):
       - Keras variables must not be created inside a call under a tape except by a layer's
         own build on its first call (``fn`` being that layer).
       - Under XLA (``jit_compile=True``) the recomputation's gate is a data dependency, which
-        XLA keeps, but XLA may still merge the recomputed ops with the forward ones (common
-        subexpressions); measure before relying on the saving there.
+        XLA keeps; the recomputed ops read the gated (new) values, so XLA cannot merge them
+        with the forward ones, and the saving holds.
       - Eagerly, the custom gradient holds ``fn``'s outputs until backprop.
 
     Example:
@@ -334,8 +349,7 @@ class Recompute(keras.layers.Wrapper):
       >>> model.count_params() > 16 * 256 * 256
       True
 
-    Caveats: those of `memgrad.recompute` (stateful TF random ops are refused; under XLA
-    measure the saving).
+    Caveats: those of `memgrad.recompute` (stateful TF random ops are refused).
     """
 
     def __init__(self, layer, check_randomness=True, **kwargs):

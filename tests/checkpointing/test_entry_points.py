@@ -289,15 +289,6 @@ def test_fit_hook_rejects_a_model_with_its_own_train_step():
         memgrad.enable_checkpointing(model)
 
 
-def test_fit_hook_turns_xla_off_with_a_warning():
-    model, _, _ = residual(depth=2, width=8)
-    model.compile(optimizer="sgd", loss=loss_fn, jit_compile=True)
-    assert model.jit_compile
-    with pytest.warns(UserWarning, match="turns jit_compile off"):
-        memgrad.enable_checkpointing(model)
-    assert model.jit_compile is False
-
-
 @pytest.mark.slow
 def test_fit_hook_under_mirrored_strategy_equals_plain_keras(mirrored_strategy):
     keras.utils.set_random_seed(6)
@@ -316,13 +307,3 @@ def test_fit_hook_under_mirrored_strategy_equals_plain_keras(mirrored_strategy):
     plain_steps = [s - w for s, w in zip(start, plain.get_weights())]
     hooked_steps = [s - w for s, w in zip(start, hooked.get_weights())]
     assert max_relative_error(plain_steps, hooked_steps) <= 1e-5
-
-
-@pytest.mark.slow
-def test_fit_hook_warns_when_compiled_with_xla_after_enabling():
-    model, x, y = residual(depth=2, width=8)
-    memgrad.enable_checkpointing(model)
-    model.compile(optimizer="sgd", loss=loss_fn, jit_compile=True)
-    assert model.jit_compile  # compile after the hook decides; the hook only warns
-    with pytest.warns(UserWarning, match="compiled with jit_compile=True after"):
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0)

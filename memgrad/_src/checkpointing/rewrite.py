@@ -15,6 +15,9 @@ loss back to the inputs:
 3. Every port and copied root op carries a control dependency on the group's incoming
    gradient and on the previous segment's gradients, so the executor cannot recompute a
    segment early, while the forward pass runs (it would then hold its memory for nothing).
+   XLA drops control dependencies, so each port also carries a data dependency on the
+   incoming gradient (`memgrad._src.recompute.Gate`): under ``jit_compile=True`` the
+   recomputation still waits, and, reading new values, is not merged with the forward.
 
 Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
 custom-gradient ops, resource ops) are never copied: their inputs and outputs become
@@ -32,6 +35,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate, dense
 from memgrad._src.graph.memory_model import gradient_function
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
+from memgrad._src.recompute import Gate
 
 
 class _Rewrite:
@@ -153,6 +157,7 @@ class _Rewrite:
     def _copy(self, ops, gate):
         graph = self.graph
         mapping, op_mapping, ports = {}, {}, {}
+        wait = Gate(gate)
         with graph.control_dependencies(gate), tf.name_scope("recompute"):
             for op in sorted(ops, key=self.order.__getitem__):
                 inputs = []
@@ -162,7 +167,10 @@ class _Rewrite:
                         inputs.append(mapping[ref])
                     elif self._port_target(t):
                         if ref not in ports:
-                            ports[ref] = (t, tf.identity(t, name="port"))
+                            port = wait(t)
+                            if port is t:
+                                port = tf.identity(t, name="port")
+                            ports[ref] = (t, port)
                         inputs.append(ports[ref][1])
                     else:
                         inputs.append(t)

@@ -265,8 +265,9 @@ class Strategy:
 class Memory(Strategy):
     """Least memory: separators spaced by bytes, about sqrt(n) checkpoints on a chain of n.
 
-    Caveats: under XLA (``jit_compile=True``) the recomputation may be merged back into the
-    forward pass; stateful ops (random ops without a seed) are recomputed with new values.
+    Caveats: stateful ops (random ops without a seed) are never re-run: their outputs are
+    kept. Under XLA (``jit_compile=True``) the saving holds: recomputation is gated on its
+    gradient by a data dependency.
 
     Example:
       ```python
