@@ -74,7 +74,7 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
     Example:
       >>> from memgrad_zoo import data, revnet
       >>> (x, y), test = data.load_digits()
-      >>> model = revnet.revnet(38, input_shape=(8, 8, 1))
+      >>> model = revnet.revnet(14, input_shape=(8, 8, 1))
       >>> result = train_classifier(model, ((x[:128], y[:128]), test), epochs=1, batch_size=64,
       ...                           lr=1e-3, verbose=0)
       >>> sorted(result)

@@ -12,6 +12,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -631,6 +632,69 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
     return rows
 
 
+def _compiled_sgd_step(variables, loss_of, tape, jit_compile):
+    """`_sgd_step` compiled with or without XLA."""
+    @tf.function(jit_compile=jit_compile)
+    def step(x):
+        with tape() as recorder:
+            loss = loss_of(x)
+        for variable, grad in zip(variables, recorder.gradient(loss, variables)):
+            variable.assign_sub(1e-4 * grad)
+        return loss
+
+    return step
+
+
+def _xla_transformer(blocks=12, dim=64, heads=4, tokens=64):
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((tokens, dim))
+    h = inputs
+    for _ in range(blocks):
+        h = layers.LayerNormalization()(h + layers.MultiHeadAttention(heads, dim // heads)(h, h))
+        h = layers.LayerNormalization()(h + layers.Dense(dim)(layers.Dense(4 * dim, activation="gelu")(h)))
+    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)))
+
+
+def _xla_workloads():
+    weights, loss_fn = residual_chain(64, 128)
+    yield "residual chain of 64 layers, batch 1024x128", weights, loss_fn, tf.random.stateless_normal(
+        [1024, 128], seed=[0, 1])
+    for case, model, shape in (
+            ("12-layer transformer, 16 x 64 tokens x 64 features", _xla_transformer(), [16, 64, 64]),
+            ("MobileNetV2 (keras.applications, weights=None), 16 x 64x64x3",
+             keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10),
+             [16, 64, 64, 3])):
+        def loss_of(x, model=model):
+            return tf.reduce_mean(tf.square(model(x, training=True)))
+
+        yield case, model.trainable_variables, loss_of, tf.random.stateless_normal(shape, seed=[0, 2])
+
+
+def xla_suite(rounds):
+    """checkpoints='memory' under XLA (jit_compile=True, Keras's default for fit on a GPU) vs
+    plain XLA, and vs the same checkpointing with XLA off, side by side; on the first GPU if
+    there is one, else on the CPU."""
+    device = memgrad.profiler.default_device()
+    variants = (("plain XLA", tf.GradientTape, True),
+                ("memgrad XLA", functools.partial(memgrad.GradientTape, checkpoints="memory"), True),
+                ("memgrad, XLA off", functools.partial(memgrad.GradientTape, checkpoints="memory"), False),
+                ("plain, XLA off", tf.GradientTape, False))
+    rows = []
+    for case, variables, loss_of, x in _xla_workloads():
+        steps = {name: _compiled_sgd_step(variables, loss_of, tape, jit) for name, tape, jit in variants}
+        with tf.device(device):
+            seconds = time_side_by_side(steps, x, rounds)
+        peaks = {name: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
+                 for name, step in steps.items()}
+        for name in steps:
+            rows.append({"suite": "xla", "case": case, "variant": name, "device": device,
+                         "time_ratio": seconds[name] / seconds["plain XLA"], "ms": seconds[name] * 1e3,
+                         "vs_memgrad_no_xla": seconds[name] / seconds["memgrad, XLA off"],
+                         "memory_ratio": peaks[name] / peaks["plain XLA"], "peak_mib": peaks[name] / 2**20})
+    return rows
+
+
 SUITES = {
     "budget": budget_suite,
     "peers": peers_suite,
@@ -638,6 +702,7 @@ SUITES = {
     "checkpointing": checkpointing_suite,
     "reversible": reversible_suite,
     "selective": selective_suite,
+    "xla": xla_suite,
     "zoo": zoo_suite,
 }
 
@@ -655,7 +720,8 @@ def markdown(rows) -> str:
     ]
     peers = [row for row in rows if row["suite"] == "peers"]
     recomputed = [row for row in rows if row["suite"] == "recompute"]
-    rows = [row for row in rows if row["suite"] not in ("peers", "recompute")]
+    xla = [row for row in rows if row["suite"] == "xla"]
+    rows = [row for row in rows if row["suite"] not in ("peers", "recompute", "xla")]
     if not rows:
         lines = lines[:2]
     for row in rows:
@@ -700,6 +766,22 @@ def markdown(rows) -> str:
                 lines.append(f"| {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
                              f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} | {row['bn_updates']:.2f} | "
                              f"{row['gradient_error']:.1e} |")
+    if xla:
+        lines += [
+            "",
+            f"XLA (jit_compile=True, Keras's default for `fit` on a GPU), on {xla[0]['device']}: one SGD "
+            "step, every variant against plain XLA on the same network (target: memgrad XLA <= 1.35x).",
+            "",
+            "| case | variant | time vs plain XLA | time vs memgrad with XLA off | ms/step | "
+            "peak memory vs plain XLA | peak MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in xla:
+            time_ratio = f"{row['time_ratio']:.2f}x"
+            if row["variant"] == "memgrad XLA":
+                time_ratio += f" ({'met' if row['time_ratio'] <= 1.35 else 'missed'})"
+            lines.append(f"| {row['case']} | {row['variant']} | {time_ratio} | {row['vs_memgrad_no_xla']:.2f}x | "
+                         f"{row['ms']:.1f} | {row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
     return "\n".join(lines)
 
 
