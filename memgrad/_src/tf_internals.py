@@ -104,6 +104,10 @@ is_trainable_dtype = _private("tensorflow.python.eager.backprop_util", "IsTraina
 supports_default_grad = _private("tensorflow.python.ops.default_gradient", "supports_default_grad")
 zeros_like_for_gradient = _private("tensorflow.python.ops.control_flow_state", "ZerosLike")
 is_resource_variable = _private("tensorflow.python.ops.resource_variable_ops", "is_resource_variable")
+# Whether a graph (or one it is nested in) is being traced for XLA (tf.function(jit_compile=True)
+# enters an XLA control-flow context around the trace).
+graph_or_parents_in_xla_context = _private("tensorflow.python.ops.control_flow_util",
+                                           "GraphOrParentsInXlaContext")
 
 # Keras's global SeedGenerator (behind unseeded keras.random.* ops), created on first use:
 # `recompute` makes sure it exists before a forward pass it replays, since Keras defers the

@@ -15,9 +15,10 @@ loss back to the inputs:
 3. Every port and copied root op carries a control dependency on the group's incoming
    gradient and on the previous segment's gradients, so the executor cannot recompute a
    segment early, while the forward pass runs (it would then hold its memory for nothing).
-   XLA drops control dependencies, so each port also carries a data dependency on the
-   incoming gradient (`memgrad._src.recompute.Gate`): under ``jit_compile=True`` the
-   recomputation still waits, and, reading new values, is not merged with the forward.
+   XLA drops control dependencies, so when the graph is traced for XLA
+   (``jit_compile=True``) each port also carries a data dependency on the incoming gradient
+   (`memgrad._src.recompute.Gate`): the recomputation still waits, and, reading new values,
+   is not merged with the forward.
 
 Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
 custom-gradient ops, resource ops) are never copied: their inputs and outputs become
@@ -157,6 +158,11 @@ class _Rewrite:
     def _copy(self, ops, gate):
         graph = self.graph
         mapping, op_mapping, ports = {}, {}, {}
+        # Under XLA, which drops control dependencies, every port (weights too: else XLA
+        # computes their transposes for the backward pass early, all at once) also waits
+        # through a data dependency, which costs a copy of each port; elsewhere the control
+        # dependencies suffice and a port is a free identity.
+        xla = tf_internals.graph_or_parents_in_xla_context(graph)
         wait = Gate(gate)
         with graph.control_dependencies(gate), tf.name_scope("recompute"):
             for op in sorted(ops, key=self.order.__getitem__):
@@ -167,7 +173,7 @@ class _Rewrite:
                         inputs.append(mapping[ref])
                     elif self._port_target(t):
                         if ref not in ports:
-                            port = wait(t)
+                            port = wait(t) if xla else t
                             if port is t:
                                 port = tf.identity(t, name="port")
                             ports[ref] = (t, port)
