@@ -102,8 +102,9 @@ def test_reconstruction_check_in_a_graph_prints(capfd):
 
 
 def _overflowing_stack():
-    """An affine coupling whose scale exp(200) overflows float32: the rebuilt input is inf * 0 = NaN."""
-    log_scale = keras.layers.Dense(4, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant(200.0))
+    """An affine coupling whose scale exp(1000) overflows (even float64, the stack's invertible
+    dtype): the rebuilt input is inf * 0 = NaN."""
+    log_scale = keras.layers.Dense(4, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant(1000.0))
     return ReversibleSequence([AffineCoupling(log_scale, dense(4, 2, None))], return_logdet=True,
                               check_reconstruction=True)
 
