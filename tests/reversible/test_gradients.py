@@ -55,15 +55,20 @@ def test_float64_gradients_with_convolutions_and_squeeze(graph):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, depth", [("additive", 32), ("affine", 32), ("algorithm1", 32),
-                                         ("flow", 8)])  # a flow step is 4 blocks
-def test_float32_gradient_angle_at_32_blocks(kind, depth):
+@pytest.mark.parametrize("kind, depth", [("additive", 16), ("affine", 16), ("algorithm1", 16),
+                                         ("flow", 4)])  # a flow step is 4 blocks
+def test_float32_gradients_in_a_graph_at_16_blocks(kind, depth):
+    """Carried in float64 (the default), a float32 stack's gradients inside tf.function match
+    plain autodiff of the same computation to float32 rounding. (Carried in float32, these
+    stacks were only asserted within 1 degree at 32 blocks; tests/reversible/test_drift.py
+    checks 64 blocks eagerly.)"""
     x = tf.random.stateless_normal([16, 32], seed=[5, 6])
     stack = built_stack(kind, depth, (32,))
-    assert len(stack.blocks) == 32
+    assert len(stack.blocks) == 16 and stack.invertible_dtype == "float64"
     stack(x)
     got, want = _compare(stack, x, graph=True)
-    assert angle_degrees(got, want) <= 1.0
+    assert angle_degrees(got, want) <= 0.01
+    assert max_relative_error(got, want) <= 1e-5
 
 
 @pytest.mark.slow
