@@ -64,7 +64,8 @@ def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(run
     peaks = {(r["strategy"], r["depth"]): r["peak_above_baseline_bytes"] for r in result["rows"]}
     ratios = {(r["strategy"], r["depth"]): r["memory_ratio"] for r in result["rows"]}
     # Plain backprop grows with depth; the reversible stack does not; checkpointing grows slower.
-    # Measured: plain 2.3 -> 9.1 MiB, reversible 1.3 -> 1.5 MiB, ratios at 16: 0.17x and 0.42x.
+    # Measured: plain 1.9 -> 9.0 MiB, reversible 2.8 -> 2.5 MiB (activations carried in float64
+    # around the float32 network), ratios at 16: 0.28x and 0.42x.
     assert peaks["plain", 16] > 3 * peaks["plain", 2]
     assert peaks["reversible", 16] < 1.5 * peaks["reversible", 2]
     assert ratios["reversible", 16] < 0.3 and ratios["memory", 16] < 0.55, ratios

@@ -242,3 +242,20 @@ def test_config_round_trip_keeps_invertible_dtype_and_monitor():
     assert loaded.drift_monitor.get_config() == {"every": 7, "tolerance": 1e-4, "projections": 2, "seed": 3}
     assert ReversibleSequence.from_config(
         ReversibleSequence(make_blocks("additive", 2, 8)).get_config()).invertible_dtype == "float64"
+
+
+def test_monitored_stack_under_a_batch_jacobian():
+    """A Jacobian traces the gradient (pfor) after an eager, checked forward pass: the monitor
+    records nothing then rather than break the Jacobian (pfor cannot vectorise its updates)."""
+    monitor = DriftMonitor(every=1)
+    stack = ReversibleSequence(make_blocks("additive", 2, 4), drift_monitor=monitor)
+    x = tf.random.stateless_normal([3, 4], seed=[1, 2])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = stack(x)
+    jacobian = tape.batch_jacobian(y, x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y_plain = plain_forward(stack.blocks, x, dtype=stack.invertible_dtype)[0]
+    np.testing.assert_allclose(jacobian, tape.batch_jacobian(y_plain, x), rtol=1e-6, atol=1e-7)
+    assert monitor.checks == 0

@@ -188,6 +188,10 @@ class DriftMonitor:
           checked: whether this step was checked (bool, or a bool tensor in a graph).
         """
         tolerance = self.tolerance_for(dtype)
+        if isinstance(checked, bool) and checked and not tf.executing_eagerly():
+            # The forward pass ran eagerly and its gradient is being traced: a Jacobian's pfor,
+            # which cannot vectorise the variable updates of a report. Nothing is recorded.
+            return gradient
         if isinstance(checked, bool):
             if not checked:
                 return gradient
