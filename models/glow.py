@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from memgrad.layers import ActNorm, AffineCoupling, Invertible1x1Conv, ReversibleSequence, Squeeze
+from memgrad.layers import ActNorm, AffineCoupling, DriftMonitor, Invertible1x1Conv, ReversibleSequence, Squeeze
 from memgrad_zoo.layers import PACKAGE
 
 tfd = tfp.distributions
@@ -69,6 +69,11 @@ class Glow(keras.Model):
       reversible: train each level's steps through the constant-memory
         `ReversibleSequence` (``True``) or plain backprop (``False``); same weights either way.
       seed: seed of the weights' random parts and of the dequantisation noise.
+      monitor_every: each level's `DriftMonitor` checks one training step in this many
+        (per-block reconstruction drift, NaN/inf warnings; ``level.drift_monitor.errors``);
+        0 turns the monitors off. Either way each level carries its activations in float64
+        around float32 networks (``ReversibleSequence``'s ``invertible_dtype="auto"``), so
+        reversible and plain gradients agree.
       **kwargs: Keras model arguments.
 
     Example:
@@ -82,7 +87,7 @@ class Glow(keras.Model):
     """
 
     def __init__(self, image_shape=(8, 8, 1), levels=2, steps=8, hidden=64, n_bins=17,
-                 reversible=True, seed=0, **kwargs):
+                 reversible=True, seed=0, monitor_every=100, **kwargs):
         super().__init__(**kwargs)
         self.image_shape = tuple(int(s) for s in image_shape)
         if len(self.image_shape) != 3:
@@ -102,6 +107,9 @@ class Glow(keras.Model):
             )
         self.reversible = bool(reversible)
         self.seed = int(seed)
+        if not isinstance(monitor_every, (int, np.integer)) or isinstance(monitor_every, bool) or monitor_every < 0:
+            raise ValueError(f"Glow monitor_every must be an int >= 0. Received: {monitor_every!r}")
+        self.monitor_every = int(monitor_every)
         self.noise = keras.random.SeedGenerator(self.seed)
         self.flows, self.priors, self.level_shapes = [], [], []
         shape = (height, width, channels)
@@ -115,7 +123,10 @@ class Glow(keras.Model):
                     AffineCoupling(network=coupling_network(shape[2], self.hidden), scale="sigmoid",
                                    name=f"coupling{step}"),
                 ]
-            self.flows.append(ReversibleSequence(blocks, return_logdet=True, name=f"level{level}"))
+            # plain_backprop runs the very same blocks, carried in the same dtype, under autodiff.
+            monitor = DriftMonitor(every=self.monitor_every) if self.monitor_every and self.reversible else None
+            self.flows.append(ReversibleSequence(blocks, return_logdet=True, plain_backprop=not self.reversible,
+                                                 drift_monitor=monitor, name=f"level{level}"))
             self.level_shapes.append(shape)
             if level < self.levels - 1:
                 # Half the channels leave; the prior of those is predicted from the other half.
@@ -153,13 +164,7 @@ class Glow(keras.Model):
         return x
 
     def _run_level(self, flow, h, training):
-        if self.reversible:
-            return flow(h, training=training)
-        logdet = tf.zeros(tf.shape(h)[:1], h.dtype)
-        for block in flow.blocks:  # the same blocks, under plain autodiff
-            h, block_logdet = block.forward(h, training=training)
-            logdet = logdet + block_logdet
-        return h, logdet
+        return flow(h, training=training)  # plain_backprop=True when not reversible
 
     def _prior(self, level, h):
         if level < self.levels - 1:
@@ -279,5 +284,5 @@ class Glow(keras.Model):
         config = super().get_config()
         config.update(image_shape=self.image_shape, levels=self.levels, steps=self.steps,
                       hidden=self.hidden, n_bins=self.n_bins, reversible=self.reversible,
-                      seed=self.seed)
+                      seed=self.seed, monitor_every=self.monitor_every)
         return config

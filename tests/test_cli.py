@@ -64,13 +64,29 @@ def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(run
     peaks = {(r["strategy"], r["depth"]): r["peak_above_baseline_bytes"] for r in result["rows"]}
     ratios = {(r["strategy"], r["depth"]): r["memory_ratio"] for r in result["rows"]}
     # Plain backprop grows with depth; the reversible stack does not; checkpointing grows slower.
-    # Measured: plain 2.3 -> 9.1 MiB, reversible 1.3 -> 1.5 MiB, ratios at 16: 0.17x and 0.42x.
+    # Measured: plain 1.9 -> 9.0 MiB, reversible 2.8 -> 2.5 MiB (activations carried in float64
+    # around the float32 network), ratios at 16: 0.28x and 0.42x.
     assert peaks["plain", 16] > 3 * peaks["plain", 2]
     assert peaks["reversible", 16] < 1.5 * peaks["reversible", 2]
     assert ratios["reversible", 16] < 0.3 and ratios["memory", 16] < 0.55, ratios
     assert "peak MiB" in run["stdout"] and "wrote memgrad-profile.png" in run["stdout"]
+    (drift,) = result["drift"]  # the coupling model's one stack, 16 blocks, float64 carry
+    assert len(drift["errors"]) == 16 and drift["max_error"] < 1e-10 and drift["nonfinite_blocks"] == []
+    assert "reversible drift (depth 16" in run["stdout"]
     assert "Traceback" not in run["stderr"]
     _assert_png(os.path.join(DEFAULT_DIR, "memgrad-profile.png"))
+
+
+def test_drift_section_reports_every_block_of_every_reversible_stack():
+    from memgrad.cli.drift import format_drift, measure_drift
+    from memgrad.cli.sweep import model_spec
+
+    (row,) = measure_drift(model_spec("coupling", width=64), 4, 8)
+    assert row["blocks"] == 4 and len(row["errors"]) == 4 and row["invertible_dtype"] == "float64"
+    assert all(0.0 <= e < 1e-10 for e in row["errors"]) and row["nonfinite_blocks"] == []
+    assert "4 blocks in float64" in format_drift([row], 4, 8) and format_drift([row], 4, 8).endswith(": ok")
+    assert "above tolerance" in format_drift([dict(row, max_error=1.0)], 4, 8)
+    assert "NaN/inf at blocks 0, 2" in format_drift([dict(row, nonfinite_blocks=[0, 2])], 4, 8)
 
 
 @pytest.mark.memory

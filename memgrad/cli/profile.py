@@ -4,7 +4,9 @@ Profiles one training step of a model under each memory strategy over a sweep of
 batch sizes, prints a table (peak memory, ratio to plain backprop, time per step, overhead),
 writes JSON and a PNG plot; ``--budget`` finds the largest batch that fits a memory budget per
 strategy on an emulated device of that size; ``--top K`` lists the largest tensors alive at the
-peak. Run ``memgrad-profile --help`` for every option.
+peak. With the reversible strategy it also reports, per reversible stack, how far one training
+step's rebuilt activations drift from the forward pass's, block by block. Run
+``memgrad-profile --help`` for every option.
 """
 
 from __future__ import annotations
@@ -318,6 +320,13 @@ def _run(args) -> int:
         for strategy, peak in found.items():
             print()
             print(f"{strategy} (depth {'-' if deepest is None else deepest}, batch {batch_sizes[0]}): {peak}")
+    result["drift"] = None
+    if "reversible" in strategies:
+        from memgrad.cli.drift import format_drift, measure_drift
+
+        result["drift"] = measure_drift(spec, deepest, batch_sizes[0])
+        print()
+        print(format_drift(result["drift"], deepest, batch_sizes[0]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(result, out, indent=2)

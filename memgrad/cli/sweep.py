@@ -154,7 +154,11 @@ class _CouplingModel(keras.Model):
         if width < 2 or width % 2:
             raise ProfileError(f"the coupling model needs an even width >= 2; received {width}")
         self.blocks = _coupling_blocks(depth, width, selective=strategy == "selective")
-        self.stack = rev.ReversibleSequence(self.blocks, plain_backprop=strategy != "reversible")
+        # The other strategies run the ordinary float32 network; the reversible stack carries its
+        # activations in float64 (its default) so that its gradients match that network's.
+        reversible = strategy == "reversible"
+        self.stack = rev.ReversibleSequence(self.blocks, plain_backprop=not reversible,
+                                            invertible_dtype="auto" if reversible else "float32")
         self.stack.build((None, width))
 
     def call(self, x, training=None):

@@ -18,7 +18,7 @@ from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence
 BATCH, WIDTH = 4096, 128  # a half-activation is [4096, 64] float32 = 1 MiB
 
 
-def make_stack(kind, depth):
+def make_stack(kind, depth, invertible_dtype="auto"):
     def dense(activation="tanh"):
         # A residual function with a hidden layer 4x the half width, as in bottleneck and
         # MLP blocks. With a single Dense layer the whole step needs only ~10 half-activations,
@@ -31,7 +31,7 @@ def make_stack(kind, depth):
         blocks = [AdditiveCoupling(dense(), dense()) for _ in range(depth)]
     else:
         blocks = [AffineCoupling(dense(), dense(None), scale="sigmoid") for _ in range(depth)]
-    stack = ReversibleSequence(blocks)
+    stack = ReversibleSequence(blocks, invertible_dtype=invertible_dtype)
     stack.build((None, WIDTH))
     return stack
 
@@ -56,8 +56,10 @@ def training_step(stack, reversible, graph):
     return tf.function(step) if graph else step
 
 
-def peaks(kinds, depths):
+def peaks(kinds, depths, invertible_dtype="auto"):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``.
+
+    ``invertible_dtype``: the stacks' (default "auto": float64 around these float32 networks).
 
     One inter-op thread: a graph's ready ops then run in one order, so its peak does not move
     with the interleaving two threads happen to pick (8 blocks measured 21-26 MiB across
@@ -70,7 +72,7 @@ def peaks(kinds, depths):
         for graph in (False, True):
             for reversible in (False, True):
                 for depth in depths:
-                    step = training_step(make_stack(kind, depth), reversible, graph)
+                    step = training_step(make_stack(kind, depth, invertible_dtype), reversible, graph)
                     # A graph's peak moves with the executor's schedule (by one hidden
                     # activation, more when other processes compete for the cores): the
                     # median of three. Eager runs ops in program order: one call.
@@ -83,4 +85,5 @@ def peaks(kinds, depths):
 
 
 if __name__ == "__main__":
-    print("PEAKS " + json.dumps(peaks(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")])))
+    print("PEAKS " + json.dumps(peaks(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")],
+                                      *sys.argv[3:4])))

@@ -30,8 +30,9 @@ def conv(channels, seed, dtype=None):
     )
 
 
-def make_blocks(kind, depth, channels, dtype=None):
-    """Blocks of one kind for a [batch, channels] (or image, for 'image') input."""
+def make_blocks(kind, depth, channels, dtype=None, scale="exp"):
+    """Blocks of one kind for a [batch, channels] (or image, for 'image', 'conv_additive' and
+    'image_flow') input; ``scale`` is the affine couplings' of 'image_flow'."""
     half = channels // 2
     blocks = []
     for i in range(depth):
@@ -50,6 +51,11 @@ def make_blocks(kind, depth, channels, dtype=None):
                        AffineCoupling(dense(half, s, dtype=dtype), dense(half, s + 1, None, dtype=dtype),
                                       scale="sigmoid", dtype=dtype),
                        ChannelPermutation(dtype=dtype)]
+        elif kind == "conv_additive":
+            blocks.append(AdditiveCoupling(conv(half, s, dtype), conv(half, s + 1, dtype), dtype=dtype))
+        elif kind == "image_flow":  # one Glow step: ActNorm, 1x1 convolution, affine coupling
+            blocks += [ActNorm(dtype=dtype), Invertible1x1Conv(seed=i, dtype=dtype),
+                       AffineCoupling(conv(half, s, dtype), conv(half, s + 1, dtype), scale=scale, dtype=dtype)]
         elif kind == "image":
             blocks += [AdditiveCoupling(conv(half, s, dtype), conv(half, s + 1, dtype), dtype=dtype)]
             if i == depth // 2:
@@ -60,13 +66,18 @@ def make_blocks(kind, depth, channels, dtype=None):
     return blocks
 
 
-def plain_forward(blocks, x, training=None):
-    """The same computation as the stack, differentiated by plain autodiff."""
-    h, logdet = x, tf.zeros(tf.shape(x)[:1], x.dtype)
+def plain_forward(blocks, x, training=None, dtype=None):
+    """The same computation as the stack, differentiated by plain autodiff.
+
+    ``dtype``: the dtype the blocks' activations are carried in (a stack's
+    ``invertible_dtype``); default ``x``'s.
+    """
+    h = x if dtype is None else tf.cast(x, dtype)
+    logdet = tf.zeros(tf.shape(x)[:1], h.dtype)
     for block in blocks:
         h, block_logdet = block.forward(h, training=training)
-        logdet = logdet + block_logdet
-    return h, logdet
+        logdet = logdet + tf.cast(block_logdet, h.dtype)
+    return tf.cast(h, x.dtype), tf.cast(logdet, x.dtype)
 
 
 def loss_of(y, logdet):

@@ -24,7 +24,7 @@ def _compare(stack, x, graph):
         return gradients(stack, x, stack.trainable_variables)
 
     def plain(x):
-        return gradients(lambda t: plain_forward(stack.blocks, t), x, stack.trainable_variables)
+        return gradients(lambda t: plain_forward(stack.blocks, t, dtype=stack.invertible_dtype), x, stack.trainable_variables)
 
     if graph:
         reversible, plain = tf.function(reversible), tf.function(plain)
@@ -55,15 +55,20 @@ def test_float64_gradients_with_convolutions_and_squeeze(graph):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, depth", [("additive", 32), ("affine", 32), ("algorithm1", 32),
-                                         ("flow", 8)])  # a flow step is 4 blocks
-def test_float32_gradient_angle_at_32_blocks(kind, depth):
+@pytest.mark.parametrize("kind, depth", [("additive", 16), ("affine", 16), ("algorithm1", 16),
+                                         ("flow", 4)])  # a flow step is 4 blocks
+def test_float32_gradients_in_a_graph_at_16_blocks(kind, depth):
+    """Carried in float64 (the default), a float32 stack's gradients inside tf.function match
+    plain autodiff of the same computation to float32 rounding. (Carried in float32, these
+    stacks were only asserted within 1 degree at 32 blocks; tests/reversible/test_drift.py
+    checks 64 blocks eagerly.)"""
     x = tf.random.stateless_normal([16, 32], seed=[5, 6])
     stack = built_stack(kind, depth, (32,))
-    assert len(stack.blocks) == 32
+    assert len(stack.blocks) == 16 and stack.invertible_dtype == "float64"
     stack(x)
     got, want = _compare(stack, x, graph=True)
-    assert angle_degrees(got, want) <= 1.0
+    assert angle_degrees(got, want) <= 0.01
+    assert max_relative_error(got, want) <= 1e-5
 
 
 @pytest.mark.slow
@@ -80,7 +85,7 @@ def test_tfp_bijector_block_gradients():
     stack(x)
     variables = stack.trainable_variables + [shift, log_scale]
     got = gradients(stack, x, variables)
-    want = gradients(lambda t: plain_forward(stack.blocks, t), x, variables)
+    want = gradients(lambda t: plain_forward(stack.blocks, t, dtype=stack.invertible_dtype), x, variables)
     assert all(g is not None for g in got)
     assert max_relative_error([g.numpy() for g in got], [w.numpy() for w in want]) <= 1e-5
 
@@ -103,7 +108,7 @@ def test_dropout_mask_replayed_and_batchnorm_updated_once():
     after_reversible = [v.numpy().copy() for v in state]
     for v, value in zip(state, before):  # rewind seeds and statistics
         v.assign(value)
-    want = gradients(lambda t: plain_forward(stack.blocks, t, training=True), x, stack.trainable_variables)
+    want = gradients(lambda t: plain_forward(stack.blocks, t, training=True, dtype=stack.invertible_dtype), x, stack.trainable_variables)
     after_plain = [v.numpy().copy() for v in state]
 
     assert max_relative_error([g.numpy() for g in got], [w.numpy() for w in want]) <= 1e-5
@@ -122,7 +127,7 @@ def test_gradient_of_unused_logdet_and_frozen_stack():
         loss = tf.reduce_sum(y**2)
     with tf.GradientTape() as tape2:
         tape2.watch(x)
-        y2, _ = plain_forward(stack.blocks, x)
+        y2, _ = plain_forward(stack.blocks, x, dtype=stack.invertible_dtype)
         loss2 = tf.reduce_sum(y2**2)
     want = tape2.gradient(loss2, x)
     np.testing.assert_allclose(tape.gradient(loss, x), want, rtol=1e-5, atol=1e-6)

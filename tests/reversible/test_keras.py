@@ -49,7 +49,7 @@ def test_plain_backprop_stack_is_the_same_function_under_plain_autodiff():
     plain = ReversibleSequence(blocks, return_logdet=True, plain_backprop=True)
     x = tf.random.stateless_normal([8, 16], seed=[3, 4])
     stack.build(x.shape)
-    want = gradients(lambda t: plain_forward(blocks, t), x, stack.trainable_variables)
+    want = gradients(lambda t: plain_forward(blocks, t, dtype=plain.invertible_dtype), x, stack.trainable_variables)
     got = gradients(lambda t: plain(t), x, stack.trainable_variables)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
@@ -116,7 +116,8 @@ def test_mixed_precision_gradients_follow_autodiff(policy):
         with tf.GradientTape() as tape:
             tape.watch(x)
             with keras.src.backend.AutocastScope(stack.compute_dtype):  # as the layer's __call__ does
-                y, logdet = plain_forward(stack.blocks, tf.cast(x, stack.compute_dtype))
+                y, logdet = plain_forward(stack.blocks, tf.cast(x, stack.compute_dtype),
+                                          dtype=stack.invertible_dtype)
             loss = loss_of(y, logdet)
         want = tape.gradient(loss, [x] + stack.trainable_variables)
     finally:

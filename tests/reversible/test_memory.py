@@ -1,4 +1,9 @@
-"""Activation memory of a reversible stack does not grow with depth; plain backprop's does."""
+"""Activation memory of a reversible stack does not grow with depth; plain backprop's does.
+
+The stacks carry their activations in float64 around their float32 networks (the default
+``invertible_dtype="auto"``, issue 23): measured 50 -> 50 MiB eager and 30 -> 34 MiB in a graph
+from 8 to 64 additive blocks, against 31 -> 32 and 26 -> 26 MiB with a float32 carry.
+"""
 
 import pytest
 

@@ -99,7 +99,7 @@ def test_replayable_randomness_matches_autodiff(kind, graph):
     stack = _stack(kind)
     stack.build(X.shape)
     reversible = lambda x: gradients(lambda t: stack(t, training=True), x, stack.trainable_variables)  # noqa: E731
-    plain = lambda x: gradients(lambda t: plain_forward(stack.blocks, t, training=True), x,  # noqa: E731
+    plain = lambda x: gradients(lambda t: plain_forward(stack.blocks, t, training=True, dtype=stack.invertible_dtype), x,  # noqa: E731
                                 stack.trainable_variables)
     if graph:
         reversible, plain = tf.function(reversible), tf.function(plain)

@@ -27,6 +27,16 @@ def add_gradients(a, b):
     return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
 
 
+def run_network(network, h, training=None):
+    """Runs ``network`` in its own compute dtype on ``h`` and returns the result in ``h``'s dtype.
+
+    A `ReversibleSequence` may carry its activations in a wider dtype than its networks
+    compute in (float64 around float32 networks, float32 around float16 ones): the networks
+    see their own dtype, the coupling's add, subtract, multiply and divide stay in the wide one.
+    """
+    return tf.cast(network(tf.cast(h, network.compute_dtype), training=training), h.dtype)
+
+
 def layer_name(layer) -> str:
     return f"{type(layer).__name__} '{getattr(layer, 'name', '?')}'"
 
@@ -43,6 +53,12 @@ class ReversibleBlock(keras.layers.Layer):
     Recomputation must reproduce `forward`: given its input, weights and
     `replayed_state`, a block's forward pass must be deterministic.
 
+    A block that sets ``accepts_invertible_dtype = True`` promises that its `forward`,
+    `inverse` and `backward` work on inputs of any floating dtype (casting what its
+    networks need itself, e.g. with ``run_network``), so that a `ReversibleSequence` may
+    carry activations wider than the compute dtype. A block without it is run in the
+    stack's compute dtype.
+
     Example:
       >>> class Scale(ReversibleBlock):
       ...     def forward(self, x, training=None):
@@ -50,6 +66,8 @@ class ReversibleBlock(keras.layers.Layer):
       ...     def inverse(self, y, training=None):
       ...         return y / 2.0
     """
+
+    accepts_invertible_dtype = False
 
     def forward(self, x, training=None):
         """Maps ``x`` to ``(y, logdet)``, with ``logdet`` of shape ``[batch]``.

@@ -11,6 +11,7 @@ from memgrad._src.reversible.base import (
     broadcast_per_example,
     layer_name,
     per_example_sum,
+    run_network,
     split_channels,
 )
 
@@ -77,6 +78,8 @@ class AdditiveCoupling(ReversibleBlock):
       TensorShape([2, 16])
     """
 
+    accepts_invertible_dtype = True
+
     def __init__(self, f, g, **kwargs):
         super().__init__(**kwargs)
         _check_layer(self, f, "f")
@@ -92,14 +95,14 @@ class AdditiveCoupling(ReversibleBlock):
 
     def forward(self, x, training=None):
         x1, x2 = split_channels(x)
-        y1 = x1 + self.f(x2, training=training)
-        y2 = x2 + self.g(y1, training=training)
+        y1 = x1 + run_network(self.f, x2, training)
+        y2 = x2 + run_network(self.g, y1, training)
         return tf.concat([y1, y2], axis=-1), tf.zeros(tf.shape(x)[:1], dtype=x.dtype)
 
     def inverse(self, y, training=None):
         y1, y2 = split_channels(y)
-        x2 = y2 - self.g(y1, training=training)
-        x1 = y1 - self.f(x2, training=training)
+        x2 = y2 - run_network(self.g, y1, training)
+        x1 = y1 - run_network(self.f, x2, training)
         return tf.concat([x1, x2], axis=-1)
 
     def backward(self, y, dy, dlogdet, variables, training=None):
@@ -107,13 +110,13 @@ class AdditiveCoupling(ReversibleBlock):
         dy1, dy2 = split_channels(dy)
         with tf.GradientTape() as tape:
             tape.watch(y1)
-            g_y1 = self.g(y1, training=training)
+            g_y1 = run_network(self.g, y1, training)
         g_grads = tape.gradient(g_y1, [y1] + list(variables), output_gradients=dy2)
         x2 = y2 - g_y1
         dz1 = dy1 + g_grads[0]  # the full gradient reaching y1
         with tf.GradientTape() as tape:
             tape.watch(x2)
-            f_x2 = self.f(x2, training=training)
+            f_x2 = run_network(self.f, x2, training)
         f_grads = tape.gradient(f_x2, [x2] + list(variables), output_gradients=dz1)
         x1 = y1 - f_x2
         dx = tf.concat([dz1, dy2 + f_grads[0]], axis=-1)
@@ -194,6 +197,8 @@ class AffineCoupling(ReversibleBlock):
         self.scale = scale
         self.fused_backward = bool(fused_backward)
 
+    accepts_invertible_dtype = True
+
     def build(self, input_shape):
         half = _half_shape(self, input_shape)
         if self.network is not None:
@@ -204,10 +209,12 @@ class AffineCoupling(ReversibleBlock):
         super().build(input_shape)
 
     def _log_scale_and_shift(self, x1, training):
+        # The networks compute in their own dtype; the scale, shift and their arithmetic in
+        # the carried one (x1's).
         if self.network is not None:
-            raw, shift = split_channels(self.network(x1, training=training))
+            raw, shift = split_channels(run_network(self.network, x1, training))
         else:
-            raw, shift = self.f(x1, training=training), self.g(x1, training=training)
+            raw, shift = run_network(self.f, x1, training), run_network(self.g, x1, training)
         if self.scale == "sigmoid":
             return tf.math.log_sigmoid(raw + 2.0), shift
         return raw, shift

@@ -52,6 +52,8 @@ class ActNorm(ReversibleBlock):
       >>> y = norm(tf.random.normal([8, 4, 4, 3]) * 5.0 + 2.0)   # ~N(0, 1) per channel
     """
 
+    accepts_invertible_dtype = True  # its arithmetic follows its input's dtype
+
     def __init__(self, data_init=True, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         self.data_init = bool(data_init)
@@ -84,8 +86,8 @@ class ActNorm(ReversibleBlock):
             axes = list(range(x.shape.rank - 1))
             mean = tf.reduce_mean(x32, axis=axes)
             std = tf.math.reduce_std(x32, axis=axes)
-            self.loc.assign(-mean)
-            self.log_scale.assign(-tf.math.log(std + self.epsilon))
+            self.loc.assign(tf.cast(-mean, self.loc.dtype))
+            self.log_scale.assign(tf.cast(-tf.math.log(std + self.epsilon), self.log_scale.dtype))
             self.initialized.assign(1.0)
             return tf.constant(True)
 
@@ -130,6 +132,8 @@ class Invertible1x1Conv(ReversibleBlock):
       >>> y = mix(tf.random.normal([2, 8, 8, 4]))
     """
 
+    accepts_invertible_dtype = True  # its arithmetic follows its input's dtype
+
     def __init__(self, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.seed = seed
@@ -169,6 +173,8 @@ class ChannelPermutation(ReversibleBlock):
       >>> ChannelPermutation()(tf.constant([[1.0, 2.0, 3.0]])).numpy()
       array([[3., 2., 1.]], dtype=float32)
     """
+
+    accepts_invertible_dtype = True  # its arithmetic follows its input's dtype
 
     def __init__(self, permutation=None, **kwargs):
         super().__init__(**kwargs)
@@ -210,6 +216,8 @@ class Squeeze(ReversibleBlock):
       >>> Squeeze()(tf.zeros([1, 8, 8, 3])).shape
       TensorShape([1, 4, 4, 12])
     """
+
+    accepts_invertible_dtype = True  # its arithmetic follows its input's dtype
 
     def __init__(self, factor=2, **kwargs):
         super().__init__(**kwargs)
