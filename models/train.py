@@ -75,7 +75,7 @@ def train_classifier(model, data, epochs, batch_size, lr, output=None, verbose=1
       >>> from memgrad_zoo import data, revnet
       >>> (x, y), test = data.load_digits()
       >>> model = revnet.revnet(14, input_shape=(8, 8, 1))
-      >>> result = train_classifier(model, ((x[:128], y[:128]), test), epochs=1, batch_size=64,
+      >>> result = train_classifier(model, ((x[:128], y[:128]), (test[0][:64], test[1][:64])), epochs=1, batch_size=64,
       ...                           lr=1e-3, verbose=0)
       >>> sorted(result)
       ['model', 'parameters', 'test_accuracy', 'test_loss', 'train_seconds']
@@ -157,8 +157,8 @@ def train_glow(model, data, epochs, batch_size, lr, output=None, verbose=1):
     Example:
       >>> from memgrad_zoo import data, glow
       >>> (x, y), test = data.load_digits()
-      >>> model = glow.Glow((8, 8, 1), levels=2, steps=4)
-      >>> result = train_glow(model, ((x[:128], y[:128]), test), epochs=1, batch_size=64, lr=1e-3,
+      >>> model = glow.Glow((8, 8, 1), levels=2, steps=2)
+      >>> result = train_glow(model, ((x[:128], y[:128]), (test[0][:64], test[1][:64])), epochs=1, batch_size=64, lr=1e-3,
       ...                     verbose=0)
       >>> sorted(result)
       ['model', 'test_bits_per_dim', 'train_bits_per_dim', 'train_seconds']

@@ -67,11 +67,18 @@ def test_gradients_equal_plain_xla(case):
 # XLA asks for one large buffer per step, which a fresh BFC allocator rounds up to a power of
 # two, and which an allocator with a history places wherever it fits.
 FRESH_PROCESSES = {
-    case: dict(target="tests.checkpointing.xla_probe:measure", args=[case],
-               env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300)
-    for case in ("chain", "transformer", "recompute", "fit: enable then compile",
-                 "fit: compile then enable")
+    key: dict(target="tests.checkpointing.xla_probe:measure", args=[cases],
+              env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=400)
+    for key, cases in (("tapes", ["chain", "transformer", "recompute"]),
+                       # One process each: after one fit, the freed chunks of its step can be
+                       # handed out whole to the next (measured 0.43x instead of 0.36x).
+                       ("fit 1", ["fit: enable then compile"]), ("fit 2", ["fit: compile then enable"]))
 }
+
+
+@pytest.fixture(scope="module")
+def xla_results(fresh_results):
+    return {case: result for results in fresh_results.values() for case, result in results.items()}
 
 
 def _ratio(result, name):
@@ -82,30 +89,30 @@ def _ratio(result, name):
 
 
 @pytest.mark.memory
-def test_residual_chain_saving_holds_under_xla(fresh_results):
+def test_residual_chain_saving_holds_under_xla(xla_results):
     """64 layers h <- h + relu(h W), batch 1024 x 128: was 1.00x of plain XLA before the gate."""
-    assert _ratio(fresh_results["chain"], "residual chain") <= 0.3
+    assert _ratio(xla_results["chain"], "residual chain") <= 0.3
 
 
 @pytest.mark.memory
-def test_twelve_layer_transformer_saving_holds_under_xla(fresh_results):
+def test_twelve_layer_transformer_saving_holds_under_xla(xla_results):
     """12 blocks, 16 x 64 tokens x 64 features: was 1.00x of plain XLA before the gate."""
-    assert _ratio(fresh_results["transformer"], "transformer") <= 0.4
+    assert _ratio(xla_results["transformer"], "transformer") <= 0.4
 
 
 @pytest.mark.memory
-def test_recompute_saving_holds_under_xla(fresh_results):
+def test_recompute_saving_holds_under_xla(xla_results):
     """memgrad.recompute around each of 16 four-layer residual blocks."""
-    assert _ratio(fresh_results["recompute"], "recompute") <= 0.3
+    assert _ratio(xla_results["recompute"], "recompute") <= 0.3
 
 
 @pytest.mark.memory
 @pytest.mark.parametrize("order", ["enable then compile", "compile then enable"])
-def test_fit_keeps_xla_and_the_saving(fresh_results, order):
+def test_fit_keeps_xla_and_the_saving(xla_results, order):
     """`fit` with compile(jit_compile=True), in either order: jit_compile stays True, nothing
     warns, the step is rewritten, two steps equal plain XLA's (1e-5) and the peak is at most
     half of plain XLA's."""
-    result = fresh_results[f"fit: {order}"]
+    result = xla_results[f"fit: {order}"]
     assert result["jit_compile"] == [True, True]
     assert result["warnings"] == []
     assert result["rewrites"] and min(result["rewrites"]) >= 2

@@ -154,8 +154,9 @@ CASES = {"chain": chain, "transformer": transformer, "recompute": recompute,
          "fit: compile then enable": lambda: fit("compile then enable")}
 
 
-def measure(case):
-    """The peaks (and, for `fit`, the checks) of one case, in this (fresh) process."""
+def measure(cases):
+    """{case: its peaks (and, for `fit`, the checks)}, measured one after the other in this
+    (fresh) process: once grown, the allocator splits every case's requests exactly."""
     tf.config.threading.set_inter_op_parallelism_threads(1)
     _grow_allocator()
-    return CASES[case]()
+    return {case: CASES[case]() for case in cases}
