@@ -32,13 +32,14 @@ from memgrad._src.checkpointing import api as checkpointing_api  # noqa: E402
 from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph  # noqa: E402
 from memgrad.profiler.workloads import (  # noqa: E402
-    UNEVEN_WIDTHS, conv_classifier, residual_chain, uneven_chain)
+    UNEVEN_WIDTHS, conv_classifier, residual_chain, transformer_classifier, uneven_chain)
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
-def _sgd_step(variables, loss_of, tape=tf.GradientTape):
-    """A compiled SGD step minimising ``loss_of(x)`` over ``variables`` (gradients from ``tape()``)."""
-    @tf.function
+def _sgd_step(variables, loss_of, tape=tf.GradientTape, jit_compile=None):
+    """A compiled SGD step minimising ``loss_of(x)`` over ``variables`` (gradients from ``tape()``;
+    ``jit_compile=True``: compiled with XLA)."""
+    @tf.function(jit_compile=jit_compile)
     def step(x):
         with tape() as recorder:
             loss = loss_of(x)
@@ -632,36 +633,12 @@ def recompute_suite(rounds, batch=512, width=128, depth=16, momentum=0.5):
     return rows
 
 
-def _compiled_sgd_step(variables, loss_of, tape, jit_compile):
-    """`_sgd_step` compiled with or without XLA."""
-    @tf.function(jit_compile=jit_compile)
-    def step(x):
-        with tape() as recorder:
-            loss = loss_of(x)
-        for variable, grad in zip(variables, recorder.gradient(loss, variables)):
-            variable.assign_sub(1e-4 * grad)
-        return loss
-
-    return step
-
-
-def _xla_transformer(blocks=12, dim=64, heads=4, tokens=64):
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    inputs = keras.Input((tokens, dim))
-    h = inputs
-    for _ in range(blocks):
-        h = layers.LayerNormalization()(h + layers.MultiHeadAttention(heads, dim // heads)(h, h))
-        h = layers.LayerNormalization()(h + layers.Dense(dim)(layers.Dense(4 * dim, activation="gelu")(h)))
-    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)))
-
-
 def _xla_workloads():
     weights, loss_fn = residual_chain(64, 128)
     yield "residual chain of 64 layers, batch 1024x128", weights, loss_fn, tf.random.stateless_normal(
         [1024, 128], seed=[0, 1])
     for case, model, shape in (
-            ("12-layer transformer, 16 x 64 tokens x 64 features", _xla_transformer(), [16, 64, 64]),
+            ("12-layer transformer, 16 x 64 tokens x 64 features", transformer_classifier(), [16, 64, 64]),
             ("MobileNetV2 (keras.applications, weights=None), 16 x 64x64x3",
              keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10),
              [16, 64, 64, 3])):
@@ -686,7 +663,7 @@ def xla_suite(rounds):
                 ("plain, XLA off", tf.GradientTape, False))
     rows = []
     for case, variables, loss_of, x in _xla_workloads():
-        steps = {name: _compiled_sgd_step(variables, loss_of, tape, jit) for name, tape, jit in variants}
+        steps = {name: _sgd_step(variables, loss_of, tape, jit) for name, tape, jit in variants}
         with tf.device(device):
             seconds = time_side_by_side(steps, x, rounds)
         peaks = {name: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes

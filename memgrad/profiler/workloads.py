@@ -74,6 +74,43 @@ def conv_classifier(frozen_backbone=False, depth=16, channels=32, input_shape=(3
     return model
 
 
+def transformer_classifier(blocks=12, dim=64, heads=4, tokens=64, classes=10, seed=0):
+    """A Keras functional transformer encoder with a Dense head (the XLA workload of the tests
+    and the benchmark).
+
+    Each block: multi-head self-attention and a ``4 * dim`` GELU MLP, each added to its input
+    and layer-normalised; the head averages the tokens.
+
+    Args:
+      blocks: encoder blocks.
+      dim: features per token.
+      heads: attention heads (``dim`` must be a multiple).
+      tokens: sequence length.
+      classes: head outputs.
+      seed: Keras's global seed, set before the weights are drawn.
+
+    Returns:
+      An uncompiled ``keras.Model`` mapping ``[batch, tokens, dim]`` to ``[batch, classes]``.
+
+    Example:
+      >>> model = transformer_classifier(blocks=1, dim=8, heads=2, tokens=4)
+      >>> model.output_shape
+      (None, 10)
+    """
+    import keras  # only the Keras workloads need Keras
+
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    inputs = keras.Input((tokens, dim))
+    h = inputs
+    for _ in range(blocks):
+        a = layers.MultiHeadAttention(heads, dim // heads)(h, h)
+        h = layers.LayerNormalization()(h + a)
+        f = layers.Dense(dim)(layers.Dense(4 * dim, activation="gelu")(h))
+        h = layers.LayerNormalization()(h + f)
+    return keras.Model(inputs, layers.Dense(classes)(layers.GlobalAveragePooling1D()(h)))
+
+
 def mlp_training_step(batch_size: int = 64, depth: int = 8, width: int = 256) -> float:
     """Builds the MLP and runs one training step: a `run_capped` target.
 

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import memgrad
-from memgrad.profiler.workloads import residual_chain
+from memgrad.profiler.workloads import residual_chain, transformer_classifier
 
 DEVICE = "CPU:0"
 
@@ -43,19 +43,6 @@ def _peak(step, *args):
     return memgrad.profiler.measure(step, args, device=DEVICE).peak_bytes
 
 
-def _transformer(blocks=12, dim=64, heads=4, tokens=64):
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    inputs = keras.Input((tokens, dim))
-    h = inputs
-    for _ in range(blocks):
-        a = layers.MultiHeadAttention(heads, dim // heads)(h, h)
-        h = layers.LayerNormalization()(h + a)
-        f = layers.Dense(dim)(layers.Dense(4 * dim, activation="gelu")(h))
-        h = layers.LayerNormalization()(h + f)
-    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling1D()(h)))
-
-
 def _tape_peaks(loss_of, variables, x):
     return {"plain": _peak(_tape_step(loss_of, variables, tf.GradientTape), x),
             "memgrad": _peak(_tape_step(loss_of, variables, memgrad.GradientTape, checkpoints="memory"), x)}
@@ -69,7 +56,7 @@ def chain():
 
 def transformer():
     """12 blocks of attention + MLP, 16 x 64 tokens x 64 features."""
-    model = _transformer()
+    model = transformer_classifier()
     return _tape_peaks(lambda x: tf.reduce_sum(model(x, training=True) ** 2), model.trainable_variables,
                        tf.random.stateless_normal([16, 64, 64], [0, 6]))
 
