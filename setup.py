@@ -19,7 +19,7 @@ EXTRAS = {
     "cli": ["matplotlib>=3.5", "tqdm>=4.0"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
-EXTRAS["test"] = EXTRAS["all"] + ["pytest>=7", "hypothesis>=6"]
+EXTRAS["test"] = EXTRAS["all"] + ["pytest>=7", "hypothesis>=6", "keras-hub>=0.20"]  # keras-hub: test models only
 
 setup(
     name="memgrad",
@@ -33,6 +33,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",  # TensorFlow 2.16 (the oldest supported) runs on 3.9
     packages=find_packages(include=["memgrad", "memgrad.*"]) + ["memgrad_zoo"],
+    py_modules=["memgrad_profile"],  # the command's launcher (sets TensorFlow's environment first)
     package_dir={"memgrad_zoo": "models"},
     install_requires=[
         "tensorflow>=2.16",
@@ -43,7 +44,7 @@ setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
-            "memgrad-profile=memgrad.cli:main",
+            "memgrad-profile=memgrad_profile:main",
             "memgrad-zoo=memgrad_zoo.__main__:main",
         ],
     },

@@ -15,8 +15,13 @@ The ``memgrad-profile`` command lives in `memgrad.cli`; the model zoo installs a
 """
 
 from memgrad._src.tf_internals import check_versions as _check_versions
+from memgrad._src.tf_internals import request_cpu_allocator_statistics as _request_cpu_allocator_statistics
 
 _check_versions()
+# The profiler reads allocator statistics; on CPU they need TensorFlow's BFC allocator, chosen
+# when TensorFlow runs its first op. Importing memgrad before that (before or after importing
+# TensorFlow) is enough; TF_CPU_ALLOCATOR_USE_BFC set by the user, to either value, is kept.
+_request_cpu_allocator_statistics()
 
 from memgrad import layers, profiler, selective, strategies  # noqa: E402
 from memgrad._src.checkpointing import (  # noqa: E402

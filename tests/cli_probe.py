@@ -13,8 +13,9 @@ import sys
 
 def run(directory, arguments=()):
     os.makedirs(directory, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}  # as a user runs it
-    done = subprocess.run([sys.executable, "-m", "memgrad.cli", *arguments], cwd=directory, env=env,
+    env = {k: v for k, v in os.environ.items()  # as a user runs it
+           if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL")}
+    done = subprocess.run([sys.executable, "-m", "memgrad_profile", *arguments], cwd=directory, env=env,
                           capture_output=True, text=True, timeout=1200)
     path = os.path.join(directory, "memgrad-profile.json")
     result = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else None

@@ -15,6 +15,7 @@ tests/test_tf_internals.py checks each.
 """
 
 import importlib
+import os
 import warnings
 
 import keras
@@ -113,6 +114,36 @@ graph_or_parents_in_xla_context = _private("tensorflow.python.ops.control_flow_u
 # `recompute` makes sure it exists before a forward pass it replays, since Keras defers the
 # initialisation of a variable created inside a stateless scope.
 keras_global_seed_generator = _private("keras.src.random.seed_generator", "global_seed_generator")
+
+
+# The eager context: TensorFlow creates its devices, and with them the CPU allocator, when the
+# first op runs (not at import), reading TF_CPU_ALLOCATOR_USE_BFC then.
+_eager_context = _private("tensorflow.python.eager.context", "context")
+_private_member(_eager_context(), "_initialized", "tensorflow.python.eager.context.Context")
+
+CPU_BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
+
+
+def devices_started() -> bool:
+    """Whether TensorFlow has created its devices (and chosen its CPU allocator) in this process."""
+    return bool(_eager_context()._initialized)
+
+
+def request_cpu_allocator_statistics() -> bool:
+    """Asks for TensorFlow's BFC CPU allocator, whose statistics memgrad's profiler reads.
+
+    TensorFlow's default CPU allocator keeps no statistics on CPUs without AVX-512. The BFC
+    allocator does; TensorFlow chooses between them when it starts its devices (at the first
+    op), from ``TF_CPU_ALLOCATOR_USE_BFC``. So the variable is set here, unless the user set it
+    (either way) or the devices have started (then it would not take effect).
+
+    Returns:
+      Whether this call set the variable.
+    """
+    if CPU_BFC_VARIABLE in os.environ or devices_started():
+        return False
+    os.environ[CPU_BFC_VARIABLE] = "true"
+    return True
 
 
 def xplane_pb2():

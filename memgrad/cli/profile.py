@@ -19,7 +19,8 @@ import os
 import platform
 import sys
 
-from memgrad.cli.report import format_budget, format_table, one_line, plot
+from memgrad._src.profiler.live import CATEGORIES
+from memgrad.cli.report import format_budget, format_categories, format_oom, format_table, format_top, one_line, plot
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
 
@@ -99,13 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
 def _rerun_with_exact_cpu_stats(argv) -> None:
     """Re-executes this command with the BFC CPU allocator, whose statistics count every byte.
 
-    The variable only takes effect before TensorFlow is imported, and importing
-    memgrad imports TensorFlow, so the command starts itself again.
+    Importing memgrad asks for that allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``) while
+    TensorFlow has not started its devices, so the command normally runs in this process. Only
+    when ``main`` is called in a process whose TensorFlow already chose its allocator without
+    the variable does the command start itself again.
     """
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") is None:
         env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.execve(sys.executable, [sys.executable, "-m", "memgrad.cli", *argv], env)
+
+
+def _quiet_tensorflow() -> None:
+    """Keeps TensorFlow's and Keras's log lines and warnings out of the command's output.
+
+    C++ log lines below ERROR (TF_CPP_MIN_LOG_LEVEL, read when TensorFlow logs first, which
+    happens when it starts its devices), Python log records below ERROR (retracing notices)
+    and Python warnings raised inside TensorFlow or Keras. memgrad's own warnings still show.
+    """
+    import logging
+    import warnings
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    for module in ("keras", "tensorflow", "tf_keras", "absl"):
+        warnings.filterwarnings("ignore", module=module)
 
 
 def _progress(total, enabled):
@@ -118,8 +137,12 @@ def _progress(total, enabled):
     return tqdm(total=total, desc="memgrad-profile", unit="step", file=sys.stderr, leave=False)
 
 
-def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress=True):
+def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress=True, top=None):
     """Measures every (depth, batch size, strategy) point of a sweep.
+
+    Each point's step is measured three ways, one after another on the same step: its peak
+    (`measure`, the largest of ``repeats`` steps), its memory by category at the peak
+    (`memory_by_category`, one profiled step) and its time (`time_step`).
 
     Args:
       spec: a `memgrad.cli.sweep.ModelSpec`.
@@ -127,13 +150,19 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
       depths: depths (``[None]`` for a model without depth).
       batch_sizes: batch sizes.
       device: the device to measure on.
-      repeats: measured steps per point.
+      repeats: measured steps per point for the peak.
       progress: show a progress bar on stderr.
+      top: ``(depth, batch_size, k)``: list the ``k`` largest tensors alive at the peak of the
+        points at that depth and batch size, from the same profiled step as the categories.
 
     Returns:
       A list of row dicts: ``model``, ``strategy``, ``depth``, ``batch_size``, ``peak_bytes``,
-      ``peak_above_baseline_bytes``, ``ms_per_step``, ``memory_ratio`` and ``time_overhead``
-      (to plain backprop at the same point, ``None`` without a plain row), ``out_of_memory``.
+      ``peak_above_baseline_bytes``, ``ms_per_step``, ``time_spread`` (relative spread of the
+      timed rounds), ``memory_ratio`` and ``time_overhead`` (to plain backprop at the same
+      point, ``None`` without a plain row), ``out_of_memory``, ``categories`` (bytes by
+      category at the peak) and ``oom_report`` (what was alive when the step ran out of memory).
+      With ``top``, those points also carry ``top`` (the profiled peak above the baseline and
+      the largest tensors).
     """
     rows = []
     bar = _progress(len(depths) * len(batch_sizes) * len(strategies), progress)
@@ -143,7 +172,7 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
     gc.collect()
     gc.freeze()
     try:
-        _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows)
+        _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows, top)
     finally:
         gc.unfreeze()
     if bar is not None:
@@ -152,10 +181,42 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
     return rows
 
 
-def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows):
+def time_step(step, inputs, first_s, rounds=5, round_s=0.05):
+    """Median time per step over ``rounds`` timed rounds of at least ``round_s`` seconds each.
+
+    Args:
+      step: the step (already traced).
+      inputs: its arguments.
+      first_s: a first estimate of one step's time, which sets the steps per round.
+      rounds: timed rounds.
+      round_s: the least time a round lasts.
+
+    Returns:
+      ``(seconds per step, spread)``: the median of the rounds' means, and their spread
+      (largest minus smallest mean, over the median).
+    """
+    import statistics
+    import time
+
+    from memgrad._src.profiler.measure import _sync
+
+    per_round = max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1))
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(per_round):
+            step(*inputs)
+        _sync()
+        means.append((time.perf_counter() - start) / per_round)
+    median = statistics.median(means)
+    return median, (max(means) - min(means)) / median if median else 0.0
+
+
+def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows, top):
     import tensorflow as tf
 
     from memgrad._src.profiler import measure
+    from memgrad._src.profiler.live import memory_by_category, oom_report
     from memgrad.cli import sweep
 
     for depth in depths:
@@ -166,15 +227,25 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
                 row = {"model": spec.source, "strategy": strategy, "depth": depth, "batch_size": batch_size,
                        "peak_bytes": None, "peak_above_baseline_bytes": None, "ms_per_step": None,
-                       "out_of_memory": False}
+                       "time_spread": None, "out_of_memory": False, "categories": None, "oom_report": None}
+                listed = top is not None and (depth, batch_size) == tuple(top[:2])
+                k = top[2] if listed else 1
                 try:
                     report = measure(step, args=inputs, device=device, warmup=1, repeats=repeats)
+                    split = memory_by_category(step, inputs, weights=model.weights, k=k, device=device, warmup=0)
+                    seconds, spread = time_step(step, inputs, report.wall_time_s)
                 except tf.errors.ResourceExhaustedError:
                     row["out_of_memory"] = True
+                    found = oom_report(step, inputs, weights=model.weights, k=5, device=device)
+                    row["oom_report"] = None if found is None else found.as_dict()
                 else:
                     row.update(peak_bytes=report.peak_bytes,
                                peak_above_baseline_bytes=report.peak_above_baseline_bytes,
-                               ms_per_step=report.wall_time_s * 1e3)
+                               ms_per_step=seconds * 1e3, time_spread=spread,
+                               categories={name: split.as_dict()[name] for name in CATEGORIES})
+                    if listed:
+                        row["top"] = {"peak_above_baseline_bytes": split.peak_bytes - split.baseline_bytes,
+                                      "tensors": [t.as_dict() for t in split.tensors]}
                 rows.append(row)
                 del step, inputs, model
                 sweep.release()
@@ -231,25 +302,12 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
     return results
 
 
-def top_tensors(spec, strategies, depth, batch_size, k, device):
-    """The ``k`` largest tensors alive at each strategy's peak: {strategy: PeakTensors}."""
-    from memgrad.cli import sweep
-    from memgrad._src.profiler.live import largest_live_tensors
-
-    found = {}
-    for strategy in strategies:
-        step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
-        found[strategy] = largest_live_tensors(step, args=inputs, k=k, device=device)
-        del step, inputs, model
-        sweep.release()
-    return found
-
-
 def main(argv=None) -> int:
     """Runs the command; returns its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     _rerun_with_exact_cpu_stats(argv)
+    _quiet_tensorflow()
     try:
         return _run(args)
     except KeyboardInterrupt:
@@ -276,6 +334,10 @@ def _run(args) -> int:
     from memgrad._src.profiler import resolve_device
     from memgrad.cli import sweep
 
+    try:  # one op at a time: a step's peak is then the same from one run to the next
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # TensorFlow already started (main called inside a running program)
+        pass
     spec = sweep.model_spec(args.model, width=args.width)
     if args.strategies:
         strategies = sweep.check_strategies(spec, args.strategies)
@@ -294,32 +356,37 @@ def _run(args) -> int:
     batch_sizes = list(args.batch_sizes or [spec.default_batch])
     device = resolve_device(args.device)
 
-    rows = run_sweep(spec, strategies, depths, batch_sizes, device, args.repeats, not args.no_progress)
+    deepest = max((d for d in depths if d is not None), default=None)
+    top = (deepest, batch_sizes[0], args.top) if args.top else None
+    rows = run_sweep(spec, strategies, depths, batch_sizes, device, args.repeats, not args.no_progress, top)
     title = (f"memgrad-profile: {spec.source}" + (f" width {spec.width}" if spec.source == "coupling" else "")
              + f", on {device}")
     print(title)
     print(format_table(rows))
+    print()
+    print(format_categories(rows, deepest, batch_sizes[0]))
+    for row in rows:
+        if row["oom_report"] is not None:
+            print()
+            print(format_oom(row, rows))
     result = {
         "command": "memgrad-profile", "model": spec.source, "device": device, "strategies": list(strategies),
         "depths": depths, "batch_sizes": batch_sizes, "width": spec.width if spec.source == "coupling" else None,
         "repeats": args.repeats,
         "versions": {"memgrad": memgrad.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
                      "python": platform.python_version()},
-        "rows": rows, "budget": None, "top": None,
+        "rows": [{k: v for k, v in row.items() if k != "top"} for row in rows], "budget": None, "top": None,
     }
-    deepest = max((d for d in depths if d is not None), default=None)
     if args.budget:
         result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes)
         print()
         print(format_budget(result["budget"], args.budget.text))
     if args.top:
-        found = top_tensors(spec, strategies, deepest, batch_sizes[0], args.top, device)
-        result["top"] = {s: {"peak_bytes": p.peak_bytes, "other_bytes": p.other_bytes,
-                             "depth": deepest, "batch_size": batch_sizes[0],
-                             "tensors": [t.as_dict() for t in p.tensors]} for s, p in found.items()}
-        for strategy, peak in found.items():
+        result["top"] = {r["strategy"]: dict(r["top"], depth=deepest, batch_size=batch_sizes[0])
+                         for r in rows if "top" in r}
+        for strategy, found in result["top"].items():
             print()
-            print(f"{strategy} (depth {'-' if deepest is None else deepest}, batch {batch_sizes[0]}): {peak}")
+            print(format_top(strategy, found))
     result["drift"] = None
     if "reversible" in strategies:
         from memgrad.cli.drift import format_drift, measure_drift

@@ -27,6 +27,56 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
+_CATEGORY_LABELS = {"weights": "weights", "optimizer": "optimizer state", "inputs_and_other": "inputs, other",
+                    "activations": "activations", "gradients": "weight gradients", "temporaries": "temporaries"}
+
+
+def format_categories(rows, depth, batch_size) -> str:
+    """The memory-by-category lines of each strategy at one point (MiB at the step's peak)."""
+    from memgrad._src.profiler.live import CATEGORIES
+
+    chosen = [r for r in rows if r["depth"] == depth and r["batch_size"] == batch_size and r["categories"]]
+    where = f"depth {'-' if depth is None else depth}, batch {batch_size}"
+    header = f"{'memory at the peak, MiB':<24}" + "".join(f"{r['strategy']:>12}" for r in chosen)
+    lines = [f"what the peak holds ({where}):", header]
+    for name in CATEGORIES:
+        lines.append(f"  {_CATEGORY_LABELS[name]:<22}" + "".join(
+            f"{r['categories'][name] / 2**20:>12.2f}" for r in chosen))
+    lines.append(f"  {'sum (peak incl. weights)':<22}" + "".join(
+        f"{sum(r['categories'].values()) / 2**20:>12.2f}" for r in chosen))
+    return "\n".join(lines)
+
+
+def _tensor_lines(tensors) -> list:
+    return [f"  {format_bytes(t['bytes']):>11}  {t['dtype']:<9} {t['shape']:<20} {t['layer'] or t['op']}"
+            + (f"  [{t['category']}]" if t.get("category") else "") for t in tensors]
+
+
+def format_top(strategy, found) -> str:
+    """The largest tensors alive at one strategy's peak (a row's ``top``)."""
+    depth = "-" if found["depth"] is None else found["depth"]
+    lines = [f"{strategy} (depth {depth}, batch {found['batch_size']}): peak "
+             f"{format_bytes(found['peak_above_baseline_bytes'])} above the weights and inputs; "
+             "largest tensors alive at the peak:"]
+    return "\n".join(lines + _tensor_lines(found["tensors"]))
+
+
+def format_oom(row, rows) -> str:
+    """What was alive when a sweep point ran out of memory, and what each strategy needed there."""
+    report = row["oom_report"]
+    depth = "-" if row["depth"] is None else row["depth"]
+    lines = [f"{row['strategy']} at depth {depth}, batch {row['batch_size']} ran out of memory on "
+             f"{report['device']}: {report['message']}",
+             "largest tensors alive when it failed:"] + _tensor_lines(report["memory"]["tensors"])
+    others = [r for r in rows if r["depth"] == row["depth"] and r["batch_size"] == row["batch_size"]
+              and r is not row]
+    if others:
+        needs = ", ".join(f"{r['strategy']} " + ("out of memory too" if r["out_of_memory"] else
+                                                 format_bytes(r["peak_bytes"])) for r in others)
+        lines.append(f"what the other strategies needed here (peak incl. weights): {needs}")
+    return "\n".join(lines)
+
+
 def plot(rows, path, title) -> None:
     """Draws peak memory and time overhead per strategy against depth (or batch size) to ``path``."""
     import matplotlib
@@ -43,7 +93,8 @@ def plot(rows, path, title) -> None:
     else:
         axis, label, fixed = None, None, None
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (left, right, stacked) = plt.subplots(1, 3, figsize=(16, 4.4))
+    _plot_categories(stacked, rows, plt)
     for index, strategy in enumerate(strategies):
         points = [r for r in rows if r["strategy"] == strategy and not r["out_of_memory"]
                   and (fixed is None or r[fixed[0]] == fixed[1])]
@@ -74,6 +125,27 @@ def plot(rows, path, title) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _plot_categories(ax, rows, plt) -> None:
+    """Stacked bars: each strategy's peak by category at the deepest depth, first batch size."""
+    from memgrad._src.profiler.live import CATEGORIES
+
+    depths = [r["depth"] for r in rows if r["depth"] is not None]
+    depth = max(depths) if depths else None
+    batch = min(r["batch_size"] for r in rows)
+    chosen = [r for r in rows if r["depth"] == depth and r["batch_size"] == batch and r["categories"]]
+    colors = plt.get_cmap("tab10").colors
+    bottoms = [0.0] * len(chosen)
+    for index, name in enumerate(CATEGORIES):
+        heights = [r["categories"][name] / 2**20 for r in chosen]
+        ax.bar(range(len(chosen)), heights, bottom=bottoms, color=colors[index], label=_CATEGORY_LABELS[name])
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(chosen)), [r["strategy"] for r in chosen])
+    ax.set_ylabel("MiB")
+    ax.set_title(f"what the peak holds (depth {'-' if depth is None else depth}, batch {batch})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
 
 
 def format_budget(results, label) -> str:

@@ -13,3 +13,26 @@ def hold(batch_size: int, mib_per_item: int = 4) -> None:
 def fail() -> None:
     """Fails for a reason other than memory."""
     raise ValueError("not a memory problem")
+
+
+def fail_in_a_wide_layer(batch_size: int = 1024) -> None:
+    """A training step whose widest activation (the layer named ``wide``: batch x 4096 float32,
+    16 MiB at batch 1024) is the largest tensor alive when it runs out of memory under 24 MiB.
+    Its weights take 2 MiB."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(64, activation="relu", name="narrow_a"),
+                              keras.layers.Dense(4096, activation="relu", name="wide"),
+                              keras.layers.Dense(64, activation="relu", name="narrow_b"),
+                              keras.layers.Dense(1, name="head")])
+    x = tf.random.stateless_normal([batch_size, 256], seed=[1, 2])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True)))
+        grads = tape.gradient(loss, model.trainable_weights)
+        return [tf.reduce_sum(g) for g in grads]
+
+    step()

@@ -8,7 +8,17 @@ from memgrad._src.profiler.measure import (
     measure,
     resolve_device,
 )
-from memgrad._src.profiler.live import LiveTensor, PeakTensors, largest_live_tensors
+from memgrad._src.profiler.live import (
+    LiveTensor,
+    MemoryCategories,
+    OutOfMemoryError,
+    OutOfMemoryReport,
+    PeakTensors,
+    explain_oom,
+    largest_live_tensors,
+    memory_by_category,
+    oom_report,
+)
 from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.units import format_bytes, parse_bytes
 
@@ -20,12 +30,18 @@ __all__ = [
     "MemoryStatsUnavailableError",
     "default_device",
     "exact_cpu_stats_enabled",
+    "explain_oom",
     "format_bytes",
     "largest_live_tensors",
     "LiveTensor",
+    "MemoryCategories",
+    "OutOfMemoryError",
+    "OutOfMemoryReport",
     "PeakTensors",
     "max_batch_size",
     "measure",
+    "memory_by_category",
+    "oom_report",
     "parse_bytes",
     "resolve_device",
     "run_capped",

@@ -3,9 +3,11 @@
 import importlib
 
 
-def call_capped(target, kwargs):
+def call_capped(target, kwargs, explain=False, k=10):
     """Calls ``target(**kwargs)``; returns ``{"status": "ok", "peak_bytes": ...}`` or, if it ran
-    out of memory, ``{"status": "oom", "message": ...}``. Other failures propagate."""
+    out of memory, ``{"status": "oom", "message": ...}``, with ``"report"`` (an
+    `OutOfMemoryReport` as a dict: what was alive at the failure) when ``explain`` is set.
+    Other failures propagate."""
     module_name, function_name = target.split(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
@@ -17,7 +19,18 @@ def call_capped(target, kwargs):
     try:
         function(**kwargs)
     except tf.errors.ResourceExhaustedError as error:
-        return {"status": "oom", "message": str(error).strip().splitlines()[0][:500]}
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return {"status": "ok", "peak_bytes": int(peak)}
+        from memgrad._src.profiler.live import _first_line
 
+        result = {"status": "oom", "message": _first_line(error)}
+    else:
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+        return {"status": "ok", "peak_bytes": int(peak)}
+    if explain:  # once more, under the profiler, with the failed call's buffers released
+        import gc
+
+        from memgrad._src.profiler.live import oom_report
+
+        gc.collect()
+        report = oom_report(function, kwargs=kwargs, k=k, device="CPU:0")
+        result["report"] = None if report is None else report.as_dict()
+    return result

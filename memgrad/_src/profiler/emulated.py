@@ -32,6 +32,8 @@ class CappedRun:
       peak_bytes: the allocator's peak (for a run that fits), else ``None``.
       message: the out-of-memory message for a run that did not fit.
       wall_time_s: wall time of the whole subprocess, TensorFlow's import included.
+      oom_report: for a run that did not fit with ``explain=True``, what was alive when it
+        failed (an `OutOfMemoryReport`), else ``None``.
     """
 
     target: str
@@ -41,6 +43,7 @@ class CappedRun:
     peak_bytes: int | None
     message: str
     wall_time_s: float
+    oom_report: object = None
 
     def __str__(self) -> str:
         outcome = f"fits (peak {format_bytes(self.peak_bytes)})" if self.fits else "out of memory"
@@ -55,7 +58,7 @@ def _limit_in_mib(limit) -> int:
     return limit_mib
 
 
-def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
+def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> CappedRun:
     """Runs ``target(**kwargs)`` in a subprocess whose CPU allocator is capped at ``limit``.
 
     The subprocess sees no GPU, so the same run emulates a device of ``limit``
@@ -69,6 +72,8 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
         to whole MiB, at least 1 MiB).
       kwargs: JSON-serialisable keyword arguments for the function.
       timeout: seconds before the subprocess is killed.
+      explain: if the call runs out of memory, run it once more under TensorFlow's profiler
+        and attach an `OutOfMemoryReport` (``oom_report``): the tensors alive at the failure.
 
     Returns:
       A `CappedRun`; ``fits`` says whether the call finished under the cap.
@@ -96,7 +101,8 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
     start = time.perf_counter()
     try:
         result = run_in_fresh_process("memgrad._src.profiler._capped_worker:call_capped",
-                                      kwargs={"target": target, "kwargs": kwargs}, env=env, timeout=timeout)
+                                      kwargs={"target": target, "kwargs": kwargs, "explain": bool(explain)},
+                                      env=env, timeout=timeout)
     except FreshProcessError as error:
         raise CappedRunError(f"{target}({kwargs}) failed in its capped subprocess: {error.detail}") from error
     elapsed = time.perf_counter() - start
@@ -108,7 +114,19 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0) -> CappedRun:
         peak_bytes=result.get("peak_bytes"),
         message=result.get("message", ""),
         wall_time_s=elapsed,
+        oom_report=_report_from_dict(result.get("report")),
     )
+
+
+def _report_from_dict(data):
+    """An `OutOfMemoryReport` rebuilt from its ``as_dict`` form (``None`` stays ``None``)."""
+    if not data:
+        return None
+    from memgrad._src.profiler.live import LiveTensor, MemoryCategories, OutOfMemoryReport
+
+    memory = dict(data["memory"])
+    memory["tensors"] = tuple(LiveTensor(**t) for t in memory["tensors"])
+    return OutOfMemoryReport(device=data["device"], message=data["message"], memory=MemoryCategories(**memory))
 
 
 @dataclasses.dataclass(frozen=True)

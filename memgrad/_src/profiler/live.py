@@ -8,12 +8,17 @@ buffers alive when the allocator's usage was highest: what a user should checkpo
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
+import gc
 import glob
 import os
+import re
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
@@ -31,12 +36,19 @@ class LiveTensor:
       shape: the tensor's shape as TensorFlow printed it, e.g. ``'[512,256]'``.
       dtype: the dtype's name, e.g. ``'float32'`` (``'?'`` if unknown).
       bytes: the bytes requested for it.
+      layer: the name scope of ``op`` without its op names, e.g. ``'sequential/dense_1'``
+        for ``'gradient_tape/sequential/dense_1/MatMul/MatMul_1'`` (``''`` if none).
+      category: what it is (`CATEGORIES`): ``'activations'`` (made by the forward pass and
+        kept for backprop), ``'gradients'`` (the weights' gradients), or ``'temporaries'``
+        (a kernel's scratch space, the gradients of activations, the optimizer's arithmetic).
     """
 
     op: str
     shape: str
     dtype: str
     bytes: int
+    layer: str = ""
+    category: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,17 +63,93 @@ class PeakTensors:
       tensors: the largest buffers allocated during the call and alive at that peak, largest first.
       other_bytes: the rest of the usage at the peak (smaller buffers, and buffers allocated
         before the call, such as the weights and inputs).
+      baseline_bytes: the allocator's usage just before the call (weights, inputs, ...).
     """
 
     peak_bytes: int
     tensors: tuple
     other_bytes: int
+    baseline_bytes: int = 0
+
+    @property
+    def peak_above_baseline_bytes(self) -> int:
+        """What the call added at its peak: the figure `measure` and ``memgrad-profile``'s table show."""
+        return max(self.peak_bytes - self.baseline_bytes, 0)
 
     def __str__(self) -> str:
-        lines = [f"peak {format_bytes(self.peak_bytes)}; largest tensors alive at the peak:"]
-        for t in self.tensors:
-            lines.append(f"  {format_bytes(t.bytes):>11}  {t.dtype:<9} {t.shape:<20} {t.op}")
+        lines = [f"peak {format_bytes(self.peak_above_baseline_bytes)} above the "
+                 f"{format_bytes(self.baseline_bytes)} held before the step; largest tensors alive at the peak:"]
+        lines += [_tensor_line(t) for t in self.tensors]
         lines.append(f"  {format_bytes(self.other_bytes):>11}  everything else (weights, inputs, smaller tensors)")
+        return "\n".join(lines)
+
+
+def _tensor_line(t) -> str:
+    where = t.layer or t.op
+    return f"  {format_bytes(t.bytes):>11}  {t.dtype:<9} {t.shape:<20} {where}" + (
+        f"  [{t.category}]" if t.category else "")
+
+
+CATEGORIES = ("weights", "optimizer", "inputs_and_other", "activations", "gradients", "temporaries")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCategories:
+    """A step's peak memory by what it holds (`memory_by_category`).
+
+    Every figure is in bytes at the moment of the peak. The first three were allocated before
+    the step; the last three by the step itself, each buffer counted at the size the allocator
+    gave it.
+
+    Attributes:
+      device: the device measured.
+      peak_bytes: the allocator's usage at the peak.
+      baseline_bytes: its usage just before the step.
+      weights: the model's weights (the ``weights`` passed in).
+      optimizer: the optimizer's state (the ``optimizer_variables`` passed in).
+      inputs_and_other: the rest of what was allocated before the step (inputs, anything else
+        the caller holds).
+      activations: buffers the forward pass made that are alive at the peak (kept for backprop,
+        or recomputed by a checkpointing strategy).
+      gradients: the weights' gradients alive at the peak (backward buffers shaped like a
+        trainable weight).
+      temporaries: every other buffer the step allocated and holds at the peak (gradients of
+        activations, kernels' scratch space, the optimizer's arithmetic).
+      tensors: the largest buffers alive at the peak (`LiveTensor`, with layer and category).
+    """
+
+    device: str
+    peak_bytes: int
+    baseline_bytes: int
+    weights: int
+    optimizer: int
+    inputs_and_other: int
+    activations: int
+    gradients: int
+    temporaries: int
+    tensors: tuple = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """The categories' sum (equals ``peak_bytes`` up to buffers the profiler missed)."""
+        return sum(getattr(self, name) for name in CATEGORIES)
+
+    def as_dict(self) -> dict:
+        """Categories in bytes, the peak, and the listed tensors (JSON-serialisable)."""
+        out = {name: getattr(self, name) for name in CATEGORIES}
+        out.update(device=self.device, peak_bytes=self.peak_bytes, baseline_bytes=self.baseline_bytes,
+                   tensors=[t.as_dict() for t in self.tensors])
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"peak {format_bytes(self.peak_bytes)} on {self.device}, by category:"]
+        for name in CATEGORIES:
+            value = getattr(self, name)
+            share = value / self.peak_bytes if self.peak_bytes else 0.0
+            lines.append(f"  {name.replace('_', ' '):<17} {format_bytes(value):>11}  {share:6.1%}")
+        if self.tensors:
+            lines.append("largest tensors alive at the peak:")
+            lines += [_tensor_line(t) for t in self.tensors]
         return "\n".join(lines)
 
 
@@ -107,24 +195,132 @@ def _dtype_name(value):
         return "?"
 
 
-def replay(events, k):
-    """The `PeakTensors` of allocation events (``(time, kind, stats)``, time-ordered)."""
+def _op_names():
+    return {name for name in dir(tf.raw_ops) if not name.startswith("_")}
+
+
+_OP_NAMES = None
+_BACKWARD_SCOPES = ("gradient_tape", "gradients", "memgrad_grad")  # tf.GradientTape, tf.gradients, memgrad
+
+
+def layer_of(op: str) -> str:
+    """The layer (name scope) an op belongs to: its leading scope components before the first
+    one named after an op type, with the gradient scope removed.
+
+    Example:
+      >>> layer_of("gradient_tape/sequential/dense_1/MatMul/MatMul_1")
+      'sequential/dense_1'
+      >>> layer_of("Add")
+      ''
+    """
+    global _OP_NAMES
+    if _OP_NAMES is None:
+        _OP_NAMES = _op_names()
+    parts = [p for p in str(op).split("/") if p]
+    if parts and parts[0] in _BACKWARD_SCOPES:
+        parts = parts[1:]
+    scope = []
+    for part in parts:
+        base = part.rsplit("_", 1)[0] if part.rsplit("_", 1)[-1].isdigit() else part
+        if part in _OP_NAMES or base in _OP_NAMES:
+            break
+        scope.append(part)
+    if len(scope) == len(parts) and scope:  # the last component is the op's own name
+        scope = scope[:-1]
+    return "/".join(scope)
+
+
+def _is_backward(op: str) -> bool:
+    """Made by a gradient computation (recomputed forward ops of checkpointing count as forward)."""
+    parts = str(op).split("/")[:-1]
+    return any(p in _BACKWARD_SCOPES for p in parts) and not any(p.startswith("recompute") for p in parts)
+
+
+def _replay_live(events):
+    """(usage at the peak, [(LiveTensor, allocated bytes)] alive then) of time-ordered events."""
     live, peak_usage, peak_live = {}, -1, {}
     for _, kind, stats in events:
         address = stats.get("addr")
         if kind == "MemoryAllocation":
-            live[address] = LiveTensor(
+            requested = int(stats.get("requested_bytes") or 0)
+            tensor = LiveTensor(
                 op=str(stats.get("tf_op") or "?"), shape=str(stats.get("shape") or "?"),
-                dtype=_dtype_name(stats.get("data_type")), bytes=int(stats.get("requested_bytes") or 0))
+                dtype=_dtype_name(stats.get("data_type")), bytes=requested)
+            # A kernel's scratch space ("temp", e.g. a convolution's im2col buffer) is never kept.
+            if stats.get("region_type") == "temp":
+                tensor = dataclasses.replace(tensor, category="temporaries")
+            live[address] = (tensor, int(stats.get("allocation_bytes") or requested))
         else:
             live.pop(address, None)
         usage = int(stats.get("bytes_allocated") or 0)
         if usage > peak_usage:
             peak_usage, peak_live = usage, dict(live)
-    tensors = sorted(peak_live.values(), key=lambda t: t.bytes, reverse=True)[:k]
-    peak_usage = max(peak_usage, 0)
-    return PeakTensors(peak_bytes=peak_usage, tensors=tuple(tensors),
+    return max(peak_usage, 0), list(peak_live.values())
+
+
+def replay(events, k):
+    """The `PeakTensors` of allocation events (``(time, kind, stats)``, time-ordered)."""
+    peak_usage, alive = _replay_live(events)
+    tensors = sorted((t for t, _ in alive), key=lambda t: t.bytes, reverse=True)[:k]
+    tensors = tuple(dataclasses.replace(t, layer=layer_of(t.op)) for t in tensors)
+    return PeakTensors(peak_bytes=peak_usage, tensors=tensors,
                        other_bytes=max(peak_usage - sum(t.bytes for t in tensors), 0))
+
+
+def _profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
+    """Runs ``fn`` ``warmup`` times, then once under TensorFlow's profiler.
+
+    Returns:
+      ``(events, baseline_bytes, error)``: the device's allocation events of the profiled call,
+      the allocator's usage just before it, and the ``ResourceExhaustedError`` it raised
+      (``None`` if it finished; with ``raise_oom`` the error propagates instead).
+    """
+    xplane_pb2 = tf_internals.xplane_pb2()
+    logdir = tempfile.mkdtemp(prefix="memgrad-live-")
+    error = None
+    try:
+        with tf.device(device):
+            for _ in range(warmup):
+                fn(*args, **kwargs)
+            _sync()
+            gc.collect()
+            baseline = int(_memory_info(device)["current"])
+            tf.profiler.experimental.start(logdir)
+            try:
+                fn(*args, **kwargs)
+                _sync()
+            except tf.errors.ResourceExhaustedError as oom:
+                if raise_oom:
+                    raise
+                error = oom
+            finally:
+                tf.profiler.experimental.stop()
+        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        space = xplane_pb2.XSpace()
+        for path in paths:
+            with open(path, "rb") as handle:
+                space.MergeFromString(handle.read())
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    events = _allocation_events(space, device)
+    if not events:
+        raise RuntimeError(
+            f"TensorFlow's profiler recorded no allocation on {device} (is another profiler session "
+            "running, or does the allocator keep no statistics?)")
+    return events, baseline, error
+
+
+def _check_call(fn, args, kwargs, k, device):
+    if not callable(fn):
+        raise TypeError(f"Expected a callable to profile. Received: {fn!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"Expected k to be an int >= 1. Received: {k!r}")
+    args = positional_args(args)
+    kwargs = dict(kwargs or {})
+    device = resolve_device(device)
+    _memory_info(device)
+    _warn_if_coarse(device)
+    return args, kwargs, device
 
 
 def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=1) -> PeakTensors:
@@ -145,13 +341,13 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
       warmup: calls made before the profiled one.
 
     Returns:
-      A `PeakTensors`.
+      A `PeakTensors`; its ``peak_above_baseline_bytes`` is the figure `measure` reports as
+      ``peak_above_baseline_bytes`` for the same step.
 
     Raises:
       TypeError: if ``args`` is neither a tuple, a list, a tensor nor an array.
       ValueError: for a bad ``k`` or device.
-      MemoryStatsUnavailableError: if the allocator keeps no statistics (on CPU, set
-        ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow is imported).
+      MemoryStatsUnavailableError: if the allocator keeps no statistics.
       RuntimeError: if the profiler recorded no allocation (another profiler running).
 
     Example:
@@ -160,37 +356,259 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
       >>> top.tensors[0].shape
       '[512,512]'
     """
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"Expected k to be an int >= 1. Received: {k!r}")
-    xplane_pb2 = tf_internals.xplane_pb2()
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
+    events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
+    return dataclasses.replace(replay(events, k), baseline_bytes=baseline)
 
-    args = positional_args(args)
-    kwargs = dict(kwargs or {})
-    device = resolve_device(device)
-    _memory_info(device)
-    _warn_if_coarse(device)
-    logdir = tempfile.mkdtemp(prefix="memgrad-top-")
-    try:
-        with tf.device(device):
-            for _ in range(warmup):
-                fn(*args, **kwargs)
-            _sync()
-            tf.profiler.experimental.start(logdir)
-            try:
-                fn(*args, **kwargs)
-                _sync()
-            finally:
-                tf.profiler.experimental.stop()
-        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        space = xplane_pb2.XSpace()
-        for path in paths:
-            with open(path, "rb") as handle:
-                space.MergeFromString(handle.read())
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
-    events = _allocation_events(space, device)
-    if not events:
-        raise RuntimeError(
-            f"TensorFlow's profiler recorded no allocation on {device} (is another profiler session "
-            "running, or does the allocator keep no statistics?)")
-    return replay(events, k)
+
+def _variable_bytes(variable) -> int:
+    shape = [int(d) for d in variable.shape]
+    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
+
+
+def _shape_text(variable) -> str:
+    return "[" + ",".join(str(int(d)) for d in variable.shape) + "]"
+
+
+def _categorize(alive, trainable, baseline, weights_bytes, optimizer_bytes, peak_usage, device, k,
+                optimizer_scopes=()):
+    """`MemoryCategories` of the buffers ``alive`` at the peak (``(LiveTensor, allocated)`` pairs)."""
+    unmatched = collections.Counter((_shape_text(v), tf.as_dtype(v.dtype).name) for v in trainable)
+    totals = collections.Counter()
+    labelled = []
+    # Largest first, so that a weight-shaped gradient is matched before a smaller namesake.
+    for tensor, allocated in sorted(alive, key=lambda item: item[0].bytes, reverse=True):
+        key = (tensor.shape, tensor.dtype)
+        if tensor.category == "temporaries" or str(tensor.op).split("/")[0] in optimizer_scopes:
+            category = "temporaries"  # the optimizer's arithmetic
+        elif not _is_backward(tensor.op):
+            category = "activations"
+        elif unmatched[key] > 0:
+            unmatched[key] -= 1
+            category = "gradients"
+        else:
+            category = "temporaries"
+        totals[category] += allocated
+        labelled.append(dataclasses.replace(tensor, layer=layer_of(tensor.op), category=category))
+    return MemoryCategories(
+        device=device, peak_bytes=peak_usage, baseline_bytes=baseline, weights=weights_bytes,
+        optimizer=optimizer_bytes, inputs_and_other=max(baseline - weights_bytes - optimizer_bytes, 0),
+        activations=totals["activations"], gradients=totals["gradients"], temporaries=totals["temporaries"],
+        tensors=tuple(labelled[:k]))
+
+
+def _variables(values, what):
+    values = list(values or ())
+    for value in values:
+        if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "assign")):
+            raise TypeError(f"Expected {what} to be variables (tf.Variable or keras.Variable). "
+                            f"Received: {value!r}")
+    return values
+
+
+def memory_by_category(fn, args=(), kwargs=None, *, weights=(), optimizer_variables=(), k=10,
+                       device=None, warmup=1) -> MemoryCategories:
+    """Splits the peak of one call of ``fn`` (a training step) into what it holds.
+
+    Weights, optimizer state, inputs and other buffers held before the step, activations kept
+    for backprop, the weights' gradients, and temporaries. The step runs ``warmup`` times, then
+    once under TensorFlow's profiler; the allocator's events are replayed to the moment of
+    highest usage and each buffer alive then is classified by the op that made it: forward ops
+    make activations; ops in a gradient scope (``gradient_tape/``, ``gradients/``) make the
+    weights' gradients (when shaped like a trainable weight) or temporaries. ``peak_bytes`` is
+    `measure`'s peak of the same step; the categories sum to it.
+
+    Args:
+      fn: the step, e.g. a ``tf.function`` computing a loss and applying its gradients.
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor or array.
+      kwargs: keyword arguments for ``fn``.
+      weights: the model's variables (``model.weights``); the trainable ones identify gradients.
+      optimizer_variables: the optimizer's variables (``optimizer.variables``), built already.
+      k: how many of the largest buffers alive at the peak to list.
+      device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any, else the CPU.
+      warmup: calls made before the profiled one (at least 1 builds an optimizer's slots).
+
+    Returns:
+      A `MemoryCategories`.
+
+    Raises:
+      TypeError: for a non-callable ``fn``, bad ``args``, or ``weights`` that are not variables.
+      ValueError: for a bad ``k`` or device.
+      MemoryStatsUnavailableError: if the allocator keeps no statistics.
+
+    Example:
+      >>> import keras, memgrad
+      >>> model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+      ...                           keras.layers.Dense(1)])
+      >>> optimizer = keras.optimizers.SGD(0.01)
+      >>> @tf.function
+      ... def step(x):
+      ...     with tf.GradientTape() as tape:
+      ...         loss = tf.reduce_mean(model(x, training=True) ** 2)
+      ...     optimizer.apply(tape.gradient(loss, model.trainable_weights), model.trainable_weights)
+      >>> split = memgrad.profiler.memory_by_category(step, tf.ones([256, 64]), weights=model.weights,
+      ...                                             device="CPU:0")
+      >>> split.activations > 0 and split.weights == 4 * (64 * 64 + 64 + 64 + 1)
+      True
+    """
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
+    weights = _variables(weights, "weights")
+    optimizer_variables = _variables(optimizer_variables, "optimizer_variables")
+    events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
+    peak_usage, alive = _replay_live(events)
+    trainable = [v for v in weights if getattr(v, "trainable", True)]
+    # Keras optimizers run under their own name scope ("adam/..."), where their variables live.
+    scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
+    return _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
+                       sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device, k,
+                       optimizer_scopes=scopes - {""})
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemoryReport:
+    """What was alive when a step ran out of memory (`oom_report`, `explain_oom`).
+
+    Attributes:
+      device: the device that ran out.
+      message: the first line of TensorFlow's error (the request that failed).
+      memory: a `MemoryCategories` of the failed call at its highest usage before the failure:
+        the tensors alive then (op, layer, shape, dtype, bytes) and the split by category.
+    """
+
+    device: str
+    message: str
+    memory: MemoryCategories
+
+    @property
+    def tensors(self) -> tuple:
+        """The largest tensors alive at the failure, largest first (`LiveTensor`)."""
+        return self.memory.tensors
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "message": self.message, "memory": self.memory.as_dict()}
+
+    def __str__(self) -> str:
+        return (f"out of memory on {self.device}: {self.message}\n"
+                f"in use when it failed: {self.memory}")
+
+
+class OutOfMemoryError(tf.errors.ResourceExhaustedError):
+    """A ``ResourceExhaustedError`` that carries an `OutOfMemoryReport` (``.report``) in its
+    message; ``except tf.errors.ResourceExhaustedError`` still catches it."""
+
+    def __init__(self, report, error):
+        message = f"{error.message}\n\nmemgrad: {report}"
+        super().__init__(error.node_def, error.op, message)
+        self.report = report
+
+
+_OOM_REQUEST = re.compile(r"OOM when allocating tensor with shape\s*\[[^\]]*\] and type \w+")
+_OOM_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+
+
+def _first_line(error) -> str:
+    """The failed request (and the op that made it) from TensorFlow's error text, in one line."""
+    text = str(getattr(error, "message", None) or error).strip()
+    request, node = _OOM_REQUEST.search(text), _OOM_NODE.search(text)
+    if request:
+        return request.group(0) + (f" (op {node.group(1)})" if node else "")
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+def oom_report(fn, args=(), kwargs=None, *, k=10, device=None, weights=(), optimizer_variables=(),
+               warmup=0):
+    """Runs ``fn`` once under TensorFlow's profiler and, if it runs out of memory, reports what
+    was alive then.
+
+    TensorFlow 2's own ``report_tensor_allocations_upon_oom`` does not work in eager mode or
+    ``tf.function``. This replays the allocator's events of the failed call to its highest
+    usage (the failing request comes on top of that) and lists the buffers alive there, each
+    with the op and layer that made it, and the split by category (`memory_by_category`).
+
+    Args:
+      fn: the step that runs out of memory. It is called ``warmup + 1`` times, so it must be
+        safe to repeat (a training step that failed did not apply its update).
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor or array.
+      kwargs: keyword arguments for ``fn``.
+      k: how many of the largest buffers to list.
+      device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any, else the CPU.
+      weights: the model's variables, to split the baseline and name the gradients.
+      optimizer_variables: the optimizer's variables.
+      warmup: calls made before the profiled one.
+
+    Returns:
+      An `OutOfMemoryReport`, or ``None`` if the call finished.
+
+    Raises:
+      TypeError, ValueError: for bad arguments, as `memory_by_category`.
+      MemoryStatsUnavailableError: if the allocator keeps no statistics.
+
+    Example:
+      >>> report = oom_report(tf.function(lambda x: tf.reduce_sum(x)), tf.ones([8]), device="CPU:0")
+      >>> report is None  # it fits
+      True
+    """
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
+    weights = _variables(weights, "weights")
+    optimizer_variables = _variables(optimizer_variables, "optimizer_variables")
+    events, baseline, error = _profiled_call(fn, args, kwargs, device, warmup, raise_oom=False)
+    if error is None:
+        return None
+    peak_usage, alive = _replay_live(events)
+    trainable = [v for v in weights if getattr(v, "trainable", True)]
+    scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
+    memory = _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
+                         sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device,
+                         k, optimizer_scopes=scopes - {""})
+    return OutOfMemoryReport(device=device, message=_first_line(error), memory=memory)
+
+
+def explain_oom(fn=None, *, k=10, device=None, weights=(), optimizer_variables=()):
+    """Decorates a step so that running out of memory says what was alive.
+
+    The step runs as usual, at no cost. When it raises ``ResourceExhaustedError``, it is run
+    once more under TensorFlow's profiler (`oom_report`), and an `OutOfMemoryError` (a
+    ``ResourceExhaustedError``) is raised whose message and ``.report`` list the largest
+    tensors alive at the failure with their layers, and the memory by category.
+
+    Args:
+      fn: the step (a function or ``tf.function``); it must be safe to run again after it
+        failed. Without it, ``explain_oom(k=...)`` returns the decorator.
+      k: how many tensors to list.
+      device: the device the step runs on (``None``: the first GPU if any, else the CPU).
+      weights, optimizer_variables: as for `memory_by_category` (optional; name the gradients
+        and split what was allocated before the step).
+
+    Returns:
+      The decorated step.
+
+    Example:
+      >>> @explain_oom(k=5)
+      ... @tf.function
+      ... def step(x):
+      ...     return tf.reduce_sum(tf.tanh(x))
+      >>> float(step(tf.zeros([4])))
+      0.0
+    """
+    if fn is None:
+        return lambda f: explain_oom(f, k=k, device=device, weights=weights,
+                                     optimizer_variables=optimizer_variables)
+    if not callable(fn):
+        raise TypeError(f"explain_oom expected a callable step. Received: {fn!r}")
+
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except tf.errors.ResourceExhaustedError as error:
+            if isinstance(error, OutOfMemoryError):
+                raise
+            failure = error
+        gc.collect()  # the failed call's buffers, before it runs again
+        report = oom_report(fn, args, kwargs, k=k, device=device, weights=weights,
+                            optimizer_variables=optimizer_variables)
+        if report is None:  # it fitted the second time: the first failure stands as it was
+            raise failure
+        raise OutOfMemoryError(report, failure) from failure
+
+    return step

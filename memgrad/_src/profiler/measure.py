@@ -12,6 +12,7 @@ import warnings
 import tensorflow as tf
 
 from memgrad._src.arguments import positional_args
+from memgrad._src.tf_internals import CPU_BFC_VARIABLE
 from memgrad._src.profiler.report import MemoryReport
 
 _DEVICE_PATTERN = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.IGNORECASE)
@@ -63,13 +64,20 @@ def _memory_info(device: str) -> dict:
     try:
         return tf.config.experimental.get_memory_info(device)
     except (ValueError, tf.errors.OpError) as error:
-        raise MemoryStatsUnavailableError(
-            f"TensorFlow keeps no allocator statistics for {device} ({error}). On CPU, set "
-            "the environment variable TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow is "
-            "imported (or enable oneDNN, whose allocator keeps statistics: "
-            "TF_ENABLE_ONEDNN_OPTS=1; TensorFlow turns it on by default only on CPUs with "
-            "AVX-512)."
-        ) from error
+        raise MemoryStatsUnavailableError(_no_statistics(device, error)) from error
+
+
+def _no_statistics(device: str, error) -> str:
+    """One line: why ``device``'s allocator keeps no statistics, and the one thing to do."""
+    if not device.startswith("CPU"):
+        return f"TensorFlow keeps no allocator statistics for {device} ({error})."
+    chosen = os.environ.get(CPU_BFC_VARIABLE)
+    if chosen is not None and chosen.lower() not in ("1", "true"):
+        return (f"TensorFlow keeps no memory statistics for {device}: {CPU_BFC_VARIABLE}={chosen!r} turns "
+                "off the allocator that keeps them; unset it (memgrad then sets it when imported).")
+    return (f"TensorFlow keeps no memory statistics for {device}: its CPU allocator was chosen when the "
+            "first TensorFlow op ran, before memgrad was imported; import memgrad before running any "
+            f"TensorFlow op (or start Python with {CPU_BFC_VARIABLE}=true).")
 
 
 _warned_coarse_cpu_stats = False
@@ -78,11 +86,12 @@ _warned_coarse_cpu_stats = False
 def exact_cpu_stats_enabled() -> bool:
     """Whether TensorFlow's CPU allocator is the BFC allocator, whose statistics count every byte.
 
-    TensorFlow's default CPU allocator leaves allocations below a few hundred KiB
-    out of its statistics; ``TF_CPU_ALLOCATOR_USE_BFC=true``, set before
-    TensorFlow is imported, makes CPU figures exact.
+    TensorFlow's default CPU allocator keeps no statistics (or, with oneDNN on
+    AVX-512 CPUs, leaves allocations below a few hundred KiB out of them). Importing
+    memgrad before TensorFlow runs its first op sets ``TF_CPU_ALLOCATOR_USE_BFC=true``,
+    which makes CPU figures exact; a value the user set is kept.
     """
-    return os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
+    return os.environ.get(CPU_BFC_VARIABLE, "").lower() in ("1", "true")
 
 
 def _warn_if_coarse(device: str) -> None:
@@ -91,8 +100,8 @@ def _warn_if_coarse(device: str) -> None:
         _warned_coarse_cpu_stats = True
         warnings.warn(
             "TensorFlow's default CPU allocator does not count allocations below a few hundred "
-            "KiB, so small tensors are missing from CPU figures. Set TF_CPU_ALLOCATOR_USE_BFC=true "
-            "before importing TensorFlow for exact figures.",
+            "KiB, so small tensors are missing from CPU figures. For exact figures, import memgrad "
+            "before running any TensorFlow op (or start Python with TF_CPU_ALLOCATOR_USE_BFC=true).",
             stacklevel=3,
         )
 
