@@ -121,7 +121,7 @@ keras_global_seed_generator = _private("keras.src.random.seed_generator", "globa
 _eager_context = _private("tensorflow.python.eager.context", "context")
 _private_member(_eager_context(), "_initialized", "tensorflow.python.eager.context.Context")
 
-CPU_BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
+_CPU_BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
 
 
 def devices_started() -> bool:
@@ -140,9 +140,9 @@ def request_cpu_allocator_statistics() -> bool:
     Returns:
       Whether this call set the variable.
     """
-    if CPU_BFC_VARIABLE in os.environ or devices_started():
+    if _CPU_BFC_VARIABLE in os.environ or devices_started():
         return False
-    os.environ[CPU_BFC_VARIABLE] = "true"
+    os.environ[_CPU_BFC_VARIABLE] = "true"
     return True
 
 

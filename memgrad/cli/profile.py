@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--width", type=_positive_int, default=256,
                         help="features of the coupling model (even; default: 256)")
     parser.add_argument("--repeats", type=_positive_int, default=3,
-                        help="measured steps per point; peak is the largest, time the median (default: 3)")
+                        help="profiled steps per point; the one with the highest peak gives the peak, "
+                             "the categories and --top (default: 3); time comes from five timed rounds")
     parser.add_argument("--device", default=None, help="'CPU:0', 'GPU:0', ... (default: GPU:0 if present)")
     parser.add_argument("--json", metavar="PATH", default="memgrad-profile.json",
                         help="where to write the results (default: memgrad-profile.json)")
@@ -140,9 +141,9 @@ def _progress(total, enabled):
 def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress=True, top=None):
     """Measures every (depth, batch size, strategy) point of a sweep.
 
-    Each point's step is measured three ways, one after another on the same step: its peak
-    (`measure`, the largest of ``repeats`` steps), its memory by category at the peak
-    (`memory_by_category`, one profiled step) and its time (`time_step`).
+    Each point's step runs ``repeats`` times under TensorFlow's profiler: the step with the
+    highest peak gives the point's peak, its memory by category and, with ``top``, its largest
+    tensors (one and the same step). Then the step is timed (`time_step`).
 
     Args:
       spec: a `memgrad.cli.sweep.ModelSpec`.
@@ -150,7 +151,7 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
       depths: depths (``[None]`` for a model without depth).
       batch_sizes: batch sizes.
       device: the device to measure on.
-      repeats: measured steps per point for the peak.
+      repeats: profiled steps per point; the one with the highest peak is reported.
       progress: show a progress bar on stderr.
       top: ``(depth, batch_size, k)``: list the ``k`` largest tensors alive at the peak of the
         points at that depth and batch size, from the same profiled step as the categories.
@@ -212,11 +213,35 @@ def time_step(step, inputs, first_s, rounds=5, round_s=0.05):
     return median, (max(means) - min(means)) / median if median else 0.0
 
 
+def _profile_point(step, inputs, model, device, repeats, k):
+    """The step's peak, memory by category and largest tensors, from the same profiled step.
+
+    The step runs once to trace, then ``repeats`` times under TensorFlow's profiler
+    (`memory_by_category`); the step with the highest peak gives every memory figure of the
+    point, so the table, the categories and ``--top`` describe one and the same step.
+
+    Returns:
+      ``(MemoryCategories, seconds of the first profiled step)``.
+    """
+    import time
+
+    from memgrad._src.profiler.live import memory_by_category
+
+    worst, first_s = None, None
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        split = memory_by_category(step, inputs, weights=model.weights, k=k, device=device,
+                                   warmup=1 if repeat == 0 else 0)
+        first_s = first_s or (time.perf_counter() - start) / (2 if repeat == 0 else 1)
+        if worst is None or split.peak_bytes - split.baseline_bytes > worst.peak_bytes - worst.baseline_bytes:
+            worst = split
+    return worst, first_s
+
+
 def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows, top):
     import tensorflow as tf
 
-    from memgrad._src.profiler import measure
-    from memgrad._src.profiler.live import memory_by_category, oom_report
+    from memgrad._src.profiler.live import oom_report
     from memgrad.cli import sweep
 
     for depth in depths:
@@ -231,16 +256,15 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 listed = top is not None and (depth, batch_size) == tuple(top[:2])
                 k = top[2] if listed else 1
                 try:
-                    report = measure(step, args=inputs, device=device, warmup=1, repeats=repeats)
-                    split = memory_by_category(step, inputs, weights=model.weights, k=k, device=device, warmup=0)
-                    seconds, spread = time_step(step, inputs, report.wall_time_s)
+                    split, seconds = _profile_point(step, inputs, model, device, repeats, k)
+                    seconds, spread = time_step(step, inputs, seconds)
                 except tf.errors.ResourceExhaustedError:
                     row["out_of_memory"] = True
                     found = oom_report(step, inputs, weights=model.weights, k=5, device=device)
                     row["oom_report"] = None if found is None else found.as_dict()
                 else:
-                    row.update(peak_bytes=report.peak_bytes,
-                               peak_above_baseline_bytes=report.peak_above_baseline_bytes,
+                    row.update(peak_bytes=split.peak_bytes,
+                               peak_above_baseline_bytes=split.peak_bytes - split.baseline_bytes,
                                ms_per_step=seconds * 1e3, time_spread=spread,
                                categories={name: split.as_dict()[name] for name in CATEGORIES})
                     if listed:

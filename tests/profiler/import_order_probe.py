@@ -51,3 +51,24 @@ def conv_categories():
         found[name] = dict(split.as_dict(), total_bytes=split.total_bytes, measured_peak_bytes=measured.peak_bytes,
                            weights_expected=sum(int(v.numpy().nbytes) for v in model.weights))
     return found
+
+
+def mlp_categories():
+    """An MLP's step with Adam: memory by category and `measure`'s peak, one op at a time."""
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+    import memgrad
+    from tests.profiler.test_categories import _mlp_step, _variable_bytes
+
+    optimizer = keras.optimizers.Adam()
+    model, step = _mlp_step(optimizer)
+    x = tf.random.stateless_normal([256, 512], seed=[0, 1])
+    step(x)  # builds the optimizer's slots
+    split = memgrad.profiler.memory_by_category(step, x, weights=model.weights,
+                                                optimizer_variables=optimizer.variables, device="CPU:0")
+    measured = memgrad.profiler.measure(step, x, device="CPU:0", repeats=3)
+    return dict(split.as_dict(), total_bytes=split.total_bytes, measured_peak_bytes=measured.peak_bytes,
+                weights_expected=_variable_bytes(model.weights),
+                optimizer_expected=_variable_bytes(optimizer.variables), text=str(split))

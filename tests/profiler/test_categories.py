@@ -14,6 +14,7 @@ FRESH_PROCESSES = {
                    timeout=300) for order in ("memgrad first", "tensorflow first", "an op first")},
     "oom": dict(target="tests.profiler.import_order_probe:capped_oom_report", timeout=600),
     "conv": dict(target="tests.profiler.import_order_probe:conv_categories", timeout=600),
+    "mlp": dict(target="tests.profiler.import_order_probe:mlp_categories", timeout=600),
 }
 
 
@@ -78,21 +79,14 @@ def _conv_step(tape_class=tf.GradientTape):
 
 
 @pytest.mark.memory
-def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam():
-    optimizer = keras.optimizers.Adam()
-    model, step = _mlp_step(optimizer)
-    x = tf.random.stateless_normal([256, 512], seed=[0, 1])
-    step(x)  # builds the optimizer's slots
-    split = memory_by_category(step, x, weights=model.weights, optimizer_variables=optimizer.variables,
-                               device="CPU:0")
-    measured = memgrad.profiler.measure(step, x, device="CPU:0", repeats=2)
-    assert isinstance(split, MemoryCategories)
-    assert split.total_bytes == pytest.approx(measured.peak_bytes, rel=0.05), (split, measured)
-    assert split.weights == _variable_bytes(model.weights)
-    assert split.optimizer == _variable_bytes(optimizer.variables) > 2 * split.weights  # two slots per weight
-    assert split.gradients > 0 and all(t.category in ("activations", "gradients", "temporaries")
-                                       for t in split.tensors)
-    assert "weights" in str(split) and split.as_dict()["peak_bytes"] == split.peak_bytes
+def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
+    split = probes["mlp"]
+    assert split["total_bytes"] == pytest.approx(split["measured_peak_bytes"], rel=0.05), split
+    assert split["weights"] == split["weights_expected"] > 0
+    assert split["optimizer"] == split["optimizer_expected"] > 2 * split["weights"]  # two slots per weight
+    assert split["gradients"] > 0
+    assert all(t["category"] in ("activations", "gradients", "temporaries") for t in split["tensors"])
+    assert "weights" in split["text"] and "largest tensors alive at the peak" in split["text"]
 
 
 @pytest.mark.memory

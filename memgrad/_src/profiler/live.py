@@ -107,8 +107,8 @@ class MemoryCategories:
       baseline_bytes: its usage just before the step.
       weights: the model's weights (the ``weights`` passed in).
       optimizer: the optimizer's state (the ``optimizer_variables`` passed in).
-      inputs_and_other: the rest of what was allocated before the step (inputs, anything else
-        the caller holds).
+      inputs_and_other: the rest of what was allocated before the step and is still held at
+        the peak (inputs, anything else the caller holds).
       activations: buffers the forward pass made that are alive at the peak (kept for backprop,
         or recomputed by a checkpointing strategy).
       gradients: the weights' gradients alive at the peak (backward buffers shaped like a
@@ -237,8 +237,14 @@ def _is_backward(op: str) -> bool:
 
 
 def _replay_live(events):
-    """(usage at the peak, [(LiveTensor, allocated bytes)] alive then) of time-ordered events."""
-    live, peak_usage, peak_live = {}, -1, {}
+    """Replays time-ordered allocation events to the moment of highest usage.
+
+    Returns:
+      ``(usage at the peak, [(LiveTensor, allocated bytes)] allocated during the events and
+      alive then, bytes allocated before the events and released before the peak)``.
+    """
+    live, released = {}, 0
+    peak_usage, peak_live, peak_released = -1, {}, 0
     for _, kind, stats in events:
         address = stats.get("addr")
         if kind == "MemoryAllocation":
@@ -250,17 +256,17 @@ def _replay_live(events):
             if stats.get("region_type") == "temp":
                 tensor = dataclasses.replace(tensor, category="temporaries")
             live[address] = (tensor, int(stats.get("allocation_bytes") or requested))
-        else:
-            live.pop(address, None)
+        elif live.pop(address, None) is None:  # a buffer from before the call (an input, the last step's)
+            released += int(stats.get("allocation_bytes") or 0)
         usage = int(stats.get("bytes_allocated") or 0)
         if usage > peak_usage:
-            peak_usage, peak_live = usage, dict(live)
-    return max(peak_usage, 0), list(peak_live.values())
+            peak_usage, peak_live, peak_released = usage, dict(live), released
+    return max(peak_usage, 0), list(peak_live.values()), peak_released
 
 
 def replay(events, k):
     """The `PeakTensors` of allocation events (``(time, kind, stats)``, time-ordered)."""
-    peak_usage, alive = _replay_live(events)
+    peak_usage, alive, _ = _replay_live(events)
     tensors = sorted((t for t, _ in alive), key=lambda t: t.bytes, reverse=True)[:k]
     tensors = tuple(dataclasses.replace(t, layer=layer_of(t.op)) for t in tensors)
     return PeakTensors(peak_bytes=peak_usage, tensors=tensors,
@@ -371,7 +377,7 @@ def _shape_text(variable) -> str:
 
 
 def _categorize(alive, trainable, baseline, weights_bytes, optimizer_bytes, peak_usage, device, k,
-                optimizer_scopes=()):
+                optimizer_scopes=(), released=0):
     """`MemoryCategories` of the buffers ``alive`` at the peak (``(LiveTensor, allocated)`` pairs)."""
     unmatched = collections.Counter((_shape_text(v), tf.as_dtype(v.dtype).name) for v in trainable)
     totals = collections.Counter()
@@ -392,7 +398,8 @@ def _categorize(alive, trainable, baseline, weights_bytes, optimizer_bytes, peak
         labelled.append(dataclasses.replace(tensor, layer=layer_of(tensor.op), category=category))
     return MemoryCategories(
         device=device, peak_bytes=peak_usage, baseline_bytes=baseline, weights=weights_bytes,
-        optimizer=optimizer_bytes, inputs_and_other=max(baseline - weights_bytes - optimizer_bytes, 0),
+        optimizer=optimizer_bytes,
+        inputs_and_other=max(baseline - released - weights_bytes - optimizer_bytes, 0),
         activations=totals["activations"], gradients=totals["gradients"], temporaries=totals["temporaries"],
         tensors=tuple(labelled[:k]))
 
@@ -455,13 +462,13 @@ def memory_by_category(fn, args=(), kwargs=None, *, weights=(), optimizer_variab
     weights = _variables(weights, "weights")
     optimizer_variables = _variables(optimizer_variables, "optimizer_variables")
     events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
-    peak_usage, alive = _replay_live(events)
+    peak_usage, alive, released = _replay_live(events)
     trainable = [v for v in weights if getattr(v, "trainable", True)]
     # Keras optimizers run under their own name scope ("adam/..."), where their variables live.
     scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
     return _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
                        sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device, k,
-                       optimizer_scopes=scopes - {""})
+                       optimizer_scopes=scopes - {""}, released=released)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,12 +561,12 @@ def oom_report(fn, args=(), kwargs=None, *, k=10, device=None, weights=(), optim
     events, baseline, error = _profiled_call(fn, args, kwargs, device, warmup, raise_oom=False)
     if error is None:
         return None
-    peak_usage, alive = _replay_live(events)
+    peak_usage, alive, released = _replay_live(events)
     trainable = [v for v in weights if getattr(v, "trainable", True)]
     scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
     memory = _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
                          sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device,
-                         k, optimizer_scopes=scopes - {""})
+                         k, optimizer_scopes=scopes - {""}, released=released)
     return OutOfMemoryReport(device=device, message=_first_line(error), memory=memory)
 
 

@@ -12,7 +12,6 @@ import warnings
 import tensorflow as tf
 
 from memgrad._src.arguments import positional_args
-from memgrad._src.tf_internals import CPU_BFC_VARIABLE
 from memgrad._src.profiler.report import MemoryReport
 
 _DEVICE_PATTERN = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.IGNORECASE)
@@ -80,6 +79,7 @@ def _no_statistics(device: str, error) -> str:
             f"TensorFlow op (or start Python with {CPU_BFC_VARIABLE}=true).")
 
 
+CPU_BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"  # memgrad sets it when imported (tf_internals)
 _warned_coarse_cpu_stats = False
 
 
