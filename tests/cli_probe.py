@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 
-def run(directory, arguments=()):
+def run(directory, arguments=(), env=None):
     os.makedirs(directory, exist_ok=True)
-    env = {k: v for k, v in os.environ.items()  # as a user runs it
-           if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL")}
+    env = {**{k: v for k, v in os.environ.items()  # as a user runs it
+              if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL")}, **(env or {})}
     done = subprocess.run([sys.executable, "-m", "memgrad_profile", *arguments], cwd=directory, env=env,
                           capture_output=True, text=True, timeout=1200)
     path = os.path.join(directory, "memgrad-profile.json")

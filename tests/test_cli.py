@@ -22,7 +22,13 @@ BUDGET_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "64", "--stra
 BUILDER_DIR = os.path.join(_RUNS, "builder")
 BUILDER_ARGS = ["--model", "tests.cli_builders:mlp", "--depths", "2", "6", "--batch-sizes", "1024",
                 "--strategies", "plain", "memory", "--top", "3", "--repeats", "1", "--no-progress"]
+OOM_DIR = os.path.join(_RUNS, "oom")
+OOM_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "3000", "--strategies", "plain", "reversible",
+            "--repeats", "1", "--no-progress", "--plot", ""]
 FRESH_PROCESSES = {
+    # A 22 MiB device: plain backprop runs out of memory at batch 3000, the reversible stack fits.
+    "oom": dict(target="tests.cli_probe:run", args=[OOM_DIR, OOM_ARGS, {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "22"}],
+                timeout=1500),
     "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
     "builder": dict(target="tests.cli_probe:run", args=[BUILDER_DIR, BUILDER_ARGS], timeout=1500),
     "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500),
@@ -176,6 +182,23 @@ def test_a_builder_with_depths_and_the_largest_tensors_at_the_peak(runs):
             peaks[strategy, 6], rel=0.05), (strategy, result["top"][strategy], peaks)
     assert "largest tensors alive at the peak" in out
     assert run["stderr"].strip() == "", run["stderr"]
+
+
+@pytest.mark.memory
+def test_a_point_that_runs_out_of_memory_prints_what_was_alive_and_what_others_needed(runs):
+    run = runs["oom"]
+    assert run["status"] == 0, run["stderr"]
+    rows = {r["strategy"]: r for r in run["json"]["rows"]}
+    assert rows["plain"]["out_of_memory"] and not rows["reversible"]["out_of_memory"], rows
+    report = rows["plain"]["oom_report"]
+    assert "OOM when allocating tensor with shape" in report["message"]
+    tensors = report["memory"]["tensors"]
+    # Plain backprop dies holding the blocks' activations: [3000, 32] float32 and larger.
+    assert tensors[0]["bytes"] >= 3000 * 32 * 4 and tensors[0]["category"] == "activations", tensors
+    assert "plain at depth 16, batch 3000 ran out of memory" in run["stdout"]
+    assert "largest tensors alive when it failed" in run["stdout"]
+    assert "what the other strategies needed here (peak incl. weights): reversible " in run["stdout"]
+    assert _leaked(run["stderr"]) == []
 
 
 @pytest.mark.parametrize("arguments, message", [

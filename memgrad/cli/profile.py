@@ -189,7 +189,7 @@ def time_step(step, inputs, first_s, rounds=5, round_s=0.05):
       step: the step (already traced).
       inputs: its arguments.
       first_s: a first estimate of one step's time, which sets the steps per round.
-      rounds: timed rounds.
+      rounds: timed rounds (three at most for a step slower than 0.4 s).
       round_s: the least time a round lasts.
 
     Returns:
@@ -202,6 +202,8 @@ def time_step(step, inputs, first_s, rounds=5, round_s=0.05):
     from memgrad._src.profiler.measure import _sync
 
     per_round = max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1))
+    if first_s > 0.4:  # a step of seconds varies little from one to the next: three rounds do
+        rounds = min(rounds, 3)
     means = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -387,8 +389,9 @@ def _run(args) -> int:
              + f", on {device}")
     print(title)
     print(format_table(rows))
-    print()
-    print(format_categories(rows, deepest, batch_sizes[0]))
+    if any(r["categories"] for r in rows if r["depth"] == deepest and r["batch_size"] == batch_sizes[0]):
+        print()
+        print(format_categories(rows, deepest, batch_sizes[0]))
     for row in rows:
         if row["oom_report"] is not None:
             print()
@@ -412,12 +415,23 @@ def _run(args) -> int:
             print()
             print(format_top(strategy, found))
     result["drift"] = None
-    if "reversible" in strategies:
+    reversible_fits = any(r["strategy"] == "reversible" and r["depth"] == deepest and r["batch_size"] == batch_sizes[0]
+                          and not r["out_of_memory"] for r in rows)
+    if "reversible" in strategies and not reversible_fits:
+        print()
+        print(f"reversible drift: not measured (the step at depth {deepest}, batch {batch_sizes[0]} "
+              "ran out of memory)")
+    elif "reversible" in strategies:
         from memgrad.cli.drift import format_drift, measure_drift
 
-        result["drift"] = measure_drift(spec, deepest, batch_sizes[0])
         print()
-        print(format_drift(result["drift"], deepest, batch_sizes[0]))
+        try:
+            result["drift"] = measure_drift(spec, deepest, batch_sizes[0])
+        except tf.errors.ResourceExhaustedError:  # the check keeps every block's input: more memory
+            print(f"reversible drift: not measured (the check ran out of memory at depth {deepest}, "
+                  f"batch {batch_sizes[0]})")
+        else:
+            print(format_drift(result["drift"], deepest, batch_sizes[0]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(result, out, indent=2)
