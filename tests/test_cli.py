@@ -23,10 +23,10 @@ BUILDER_DIR = os.path.join(_RUNS, "builder")
 BUILDER_ARGS = ["--model", "tests.cli_builders:mlp", "--depths", "2", "6", "--batch-sizes", "1024",
                 "--strategies", "plain", "memory", "--top", "3", "--repeats", "1", "--no-progress"]
 OOM_DIR = os.path.join(_RUNS, "oom")
-OOM_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "3000", "--strategies", "plain", "reversible",
+OOM_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "3000", "--strategies", "plain", "memory",
             "--repeats", "1", "--no-progress", "--plot", ""]
 FRESH_PROCESSES = {
-    # A 22 MiB device: plain backprop runs out of memory at batch 3000, the reversible stack fits.
+    # A 22 MiB device: plain backprop runs out of memory at batch 3000, checkpointing fits (11 MiB).
     "oom": dict(target="tests.cli_probe:run", args=[OOM_DIR, OOM_ARGS, {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "22"}],
                 timeout=1500),
     "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
@@ -189,7 +189,7 @@ def test_a_point_that_runs_out_of_memory_prints_what_was_alive_and_what_others_n
     run = runs["oom"]
     assert run["status"] == 0, run["stderr"]
     rows = {r["strategy"]: r for r in run["json"]["rows"]}
-    assert rows["plain"]["out_of_memory"] and not rows["reversible"]["out_of_memory"], rows
+    assert rows["plain"]["out_of_memory"] and not rows["memory"]["out_of_memory"], rows
     report = rows["plain"]["oom_report"]
     assert "OOM when allocating tensor with shape" in report["message"]
     tensors = report["memory"]["tensors"]
@@ -197,7 +197,7 @@ def test_a_point_that_runs_out_of_memory_prints_what_was_alive_and_what_others_n
     assert tensors[0]["bytes"] >= 3000 * 32 * 4 and tensors[0]["category"] == "activations", tensors
     assert "plain at depth 16, batch 3000 ran out of memory" in run["stdout"]
     assert "largest tensors alive when it failed" in run["stdout"]
-    assert "what the other strategies needed here (peak incl. weights): reversible " in run["stdout"]
+    assert "what the other strategies needed here (peak incl. weights): memory " in run["stdout"]
     assert _leaked(run["stderr"]) == []
 
 
