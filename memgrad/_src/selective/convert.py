@@ -12,6 +12,7 @@ from memgrad._src.selective.linear import Conv1D, Conv2D, Conv2DTranspose, Conv3
 from memgrad._src.selective.normalization import BatchNormalization
 from memgrad._src.selective.pooling import MaxPooling2D
 from memgrad._src.selective.relu import ReLU
+from memgrad._src.selective.functional import LeanFunctional
 from memgrad._src.selective.sequential import LeanSequential
 
 # Exact Keras class -> memgrad replacement (subclasses of Keras layers are left alone:
@@ -137,5 +138,7 @@ def convert(model, return_report=False):
     if isinstance(converted, keras.Sequential) and not _uses_masks(converted):
         converted = LeanSequential([keras.Input(batch_shape=model.inputs[0].shape, dtype=model.inputs[0].dtype)]
                                    + converted.layers, name=model.name, trainable=model.trainable)
+    elif not isinstance(converted, keras.Sequential):
+        converted = LeanFunctional(converted.input, converted.output, name=model.name, trainable=model.trainable)
     converted.set_weights(model.get_weights())
     return (converted, report) if return_report else converted
