@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import keras
 
 from memgrad._src import tf_internals
+from memgrad._src.selective.activation import Activation
+from memgrad._src.selective.depthwise import DepthwiseConv2D, SeparableConv2D
 from memgrad._src.selective.dropout import Dropout
+from memgrad._src.selective.einsum import EinsumDense
+from memgrad._src.selective.embedding import Embedding
 from memgrad._src.selective.linear import Conv1D, Conv2D, Conv2DTranspose, Conv3D, Dense
-from memgrad._src.selective.normalization import BatchNormalization
-from memgrad._src.selective.pooling import MaxPooling2D
+from memgrad._src.selective.merging import Add, Concatenate, ZeroPadding2D
+from memgrad._src.selective.normalization import BatchNormalization, LayerNormalization
+from memgrad._src.selective.pooling import AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D
 from memgrad._src.selective.relu import ReLU
 from memgrad._src.selective.functional import LeanFunctional
 from memgrad._src.selective.sequential import LeanSequential
@@ -27,6 +33,27 @@ REPLACEMENTS = {
     keras.layers.Dropout: Dropout,
     keras.layers.BatchNormalization: BatchNormalization,
     keras.layers.ReLU: ReLU,
+    keras.layers.Activation: Activation,
+    keras.layers.DepthwiseConv2D: DepthwiseConv2D,
+    keras.layers.SeparableConv2D: SeparableConv2D,
+    keras.layers.EinsumDense: EinsumDense,
+    keras.layers.Embedding: Embedding,
+    keras.layers.LayerNormalization: LayerNormalization,
+    keras.layers.GlobalAveragePooling2D: GlobalAveragePooling2D,
+    keras.layers.AveragePooling2D: AveragePooling2D,
+    keras.layers.ZeroPadding2D: ZeroPadding2D,
+    keras.layers.Add: Add,
+    keras.layers.Concatenate: Concatenate,
+}
+
+# Why a layer with no memgrad version keeps no more than it needs (or what it keeps).
+NOT_NEEDED = {
+    keras.layers.InputLayer: None,  # not listed
+    keras.layers.Flatten: "no memgrad version needed: its gradient keeps no tensor (a reshape)",
+    keras.layers.Reshape: "no memgrad version needed: its gradient keeps no tensor (a reshape)",
+    keras.layers.Permute: "no memgrad version needed: its gradient keeps no tensor (a transpose)",
+    keras.layers.Softmax: "no memgrad version: its gradient needs its output, which is what TensorFlow keeps",
+    keras.layers.Multiply: "no memgrad version: its gradient needs both inputs, which is what TensorFlow keeps",
 }
 
 
@@ -36,9 +63,11 @@ class ConversionReport:
 
     Attributes:
       swapped: ``(layer name, Keras class name)`` of every replaced layer.
-      kept: ``(layer name, reason)`` of every layer left unconverted for a
-        reason: a replaceable type with a setting memgrad's layer does not
-        handle, or a ``Lambda`` layer (shared with the original model).
+      kept: ``(layer name, reason)`` of every layer left unconverted (input
+        layers and nested models, whose layers are listed, aside): a
+        replaceable type with a setting memgrad's layer does not handle, a
+        ``Lambda`` layer (shared with the original model), a subclass or custom
+        layer, or a type with no memgrad version and why.
     """
 
     swapped: list = dataclasses.field(default_factory=list)
@@ -51,20 +80,92 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _replacement(layer, report):
-    target = REPLACEMENTS.get(type(layer))
-    if target is None:
-        return None
-    candidate = target.from_config(layer.get_config())
-    check = getattr(candidate, "_check_supported", None)
+def _unsupported(layer):
+    """The reason ``layer`` (an instance of a memgrad class) cannot run memgrad's way, or ``None``."""
+    check = getattr(layer, "_check_supported", None)
     if check is not None:
         try:
             check()
         except ValueError as error:
-            report.kept.append((layer.name, str(error)))
-            return None
+            return str(error)
+    return None
+
+
+def _replacement(layer, report):
+    target = REPLACEMENTS.get(type(layer))
+    if target is None:
+        report.kept.append((layer.name, _why_not_converted(layer)))
+        return None
+    try:
+        candidate = target.from_config(layer.get_config())
+    except ValueError as error:  # a constructor check (Activation)
+        report.kept.append((layer.name, str(error)))
+        return None
+    reason = _unsupported(candidate)
+    if reason is not None:
+        report.kept.append((layer.name, reason))
+        return None
     report.swapped.append((layer.name, type(layer).__name__))
     return candidate
+
+
+def _why_not_converted(layer):
+    for cls, reason in NOT_NEEDED.items():
+        if type(layer) is cls:
+            return reason
+    base = next((cls for cls in REPLACEMENTS if isinstance(layer, cls)), None)
+    if base is not None:
+        return (f"a subclass of keras.layers.{base.__name__} (it may override call()), left as it is; "
+                "its sublayers of replaceable types are swapped in place")
+    if type(layer).__module__.startswith("keras."):
+        return f"no memgrad version of keras.layers.{type(layer).__name__}: TensorFlow's tape keeps what it keeps"
+    return (f"a custom layer ({type(layer).__module__}.{type(layer).__name__}), left as it is; its sublayers "
+            "of replaceable types are swapped in place")
+
+
+def _sublayers(layer):
+    """The layers held in ``layer``'s attributes (directly or in lists/tuples/dicts)."""
+    found = []
+    for value in vars(layer).values():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found += [v for v in values if isinstance(v, keras.layers.Layer) and v is not layer]
+    return found
+
+
+def _accepts_what_keras_passes(original, target):
+    """Whether ``target.call`` takes every argument of ``original.call`` (Keras decides at
+    construction which call-context arguments, e.g. ``training``, to pass)."""
+    return set(inspect.signature(original.call).parameters) <= set(inspect.signature(target.call).parameters)
+
+
+def _swap_sublayers_in_place(layer, report, path, seen):
+    """Turns the replaceable sublayers of a custom (cloned) layer into memgrad's classes.
+
+    A custom layer builds its sublayers itself, so they cannot be replaced by cloning;
+    memgrad's classes subclass the Keras ones without adding state, so the swap keeps
+    every weight. Its config does not name the sublayers' classes: a reloaded model has
+    Keras's there again (convert it again).
+    """
+    for sub in _sublayers(layer):
+        if id(sub) in seen or isinstance(sub, keras.Model):
+            continue
+        seen.add(id(sub))
+        name = f"{path}/{sub.name}"
+        original = type(sub)
+        target = REPLACEMENTS.get(original)
+        if target is not None and not _accepts_what_keras_passes(original, target):
+            report.kept.append((name, f"memgrad's {target.__name__}.call() does not take every argument of "
+                                      f"Keras's {original.__name__}.call()"))
+        elif target is not None:
+            sub.__class__ = target
+            reason = _unsupported(sub)
+            if reason is None:
+                report.swapped.append((name, f"{original.__name__} (swapped in place)"))
+            else:
+                sub.__class__ = original
+                report.kept.append((name, reason))
+        elif type(sub) not in NOT_NEEDED:
+            _swap_sublayers_in_place(sub, report, name, seen)
 
 
 def _uses_masks(model) -> bool:
@@ -116,6 +217,7 @@ def convert(model, return_report=False):
     if not model.built:
         raise ValueError(f"convert() needs a built model (call it once or give it an Input). Received: {model.name}")
     report = ConversionReport()
+    custom = []  # cloned custom layers, whose sublayers are swapped once built
 
     def clone(layer):
         if isinstance(layer, keras.Model):  # nested: converted the same way (Sequential -> Lean)
@@ -132,9 +234,16 @@ def convert(model, return_report=False):
         replacement = _replacement(layer, report)
         if replacement is not None:
             return replacement
-        return layer.__class__.from_config(layer.get_config())
+        copy = layer.__class__.from_config(layer.get_config())
+        if type(layer) not in NOT_NEEDED:  # a custom layer or subclass: its sublayers may be replaceable
+            custom.append(copy)
+        return copy
 
     converted = keras.models.clone_model(model, clone_function=clone)
+    seen = set()
+    for layer in custom:
+        _swap_sublayers_in_place(layer, report, layer.name, seen)
+    report.kept = [(name, reason) for name, reason in report.kept if reason is not None]
     if isinstance(converted, keras.Sequential) and not _uses_masks(converted):
         converted = LeanSequential([keras.Input(batch_shape=model.inputs[0].shape, dtype=model.inputs[0].dtype)]
                                    + converted.layers, name=model.name, trainable=model.trainable)
