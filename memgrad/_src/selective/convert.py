@@ -132,6 +132,24 @@ def _sublayers(layer):
     return found
 
 
+def _copy_trainable(original, copy):
+    """Gives ``copy``'s sublayers the ``trainable`` flags of ``original``'s.
+
+    A layer rebuilt from its config creates its sublayers when it is built, after its own
+    ``trainable`` was set, so they come out trainable: a frozen keras-hub encoder layer
+    would have trainable attention projections in the copy.
+    """
+    for attribute, value in vars(original).items():
+        twin = vars(copy).get(attribute)
+        pairs = zip(value, twin) if isinstance(value, (list, tuple)) and isinstance(twin, (list, tuple)) else [
+            (value, twin)]
+        for sub, sub_copy in pairs:
+            if (isinstance(sub, keras.layers.Layer) and isinstance(sub_copy, keras.layers.Layer)
+                    and sub is not original and type(sub) is type(sub_copy)):
+                sub_copy.trainable = sub.trainable
+                _copy_trainable(sub, sub_copy)
+
+
 def _accepts_what_keras_passes(original, target):
     """Whether ``target.call`` takes every argument of ``original.call`` (Keras decides at
     construction which call-context arguments, e.g. ``training``, to pass)."""
@@ -236,13 +254,14 @@ def convert(model, return_report=False):
             return replacement
         copy = layer.__class__.from_config(layer.get_config())
         if type(layer) not in NOT_NEEDED:  # a custom layer or subclass: its sublayers may be replaceable
-            custom.append(copy)
+            custom.append((layer, copy))
         return copy
 
     converted = keras.models.clone_model(model, clone_function=clone)
     seen = set()
-    for layer in custom:
-        _swap_sublayers_in_place(layer, report, layer.name, seen)
+    for original, copy in custom:
+        _copy_trainable(original, copy)
+        _swap_sublayers_in_place(copy, report, copy.name, seen)
     report.kept = [(name, reason) for name, reason in report.kept if reason is not None]
     if isinstance(converted, keras.Sequential) and not _uses_masks(converted):
         converted = LeanSequential([keras.Input(batch_shape=model.inputs[0].shape, dtype=model.inputs[0].dtype)]
@@ -250,4 +269,9 @@ def convert(model, return_report=False):
     elif not isinstance(converted, keras.Sequential):
         converted = LeanFunctional(converted.input, converted.output, name=model.name, trainable=model.trainable)
     converted.set_weights(model.get_weights())
+    if [v.path for v in converted.trainable_variables] != [v.path for v in model.trainable_variables]:
+        raise AssertionError(
+            "memgrad.selective.convert: the converted model's trainable variables differ from the original's "
+            f"(a layer memgrad could not copy faithfully). Expected: {[v.path for v in model.trainable_variables]}. "
+            f"Received: {[v.path for v in converted.trainable_variables]}")
     return (converted, report) if return_report else converted
