@@ -6,12 +6,15 @@ encoder layers. Each peak is the least of a few measured steps after one warm-up
 with one inter-op thread (a fixed graph schedule: memory_probe.py).
 """
 
+import collections
 import time
 
 import keras
 import tensorflow as tf
 
 import memgrad
+
+TRAINING = True  # dropout on in the BERT workload (fine-tuning)
 
 
 def image_model(name, size=32, tuning="frozen"):
@@ -60,7 +63,7 @@ def _batch(model, batch):
     if isinstance(model.input, dict):
         length = model.input["token_ids"].shape[1]
         ids = tf.random.stateless_uniform([batch, length], seed=[0, 1], maxval=1000, dtype=tf.int32)
-        return {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.ones_like(ids)}, True
+        return {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.ones_like(ids)}, TRAINING
     size = model.input.shape[1]
     return tf.random.stateless_normal([batch, size, size, 3], seed=[0, 1]), False
 
@@ -87,6 +90,49 @@ def step_peak(model, batch, graph=False, calls=2):
     return min(memgrad.profiler.measure(step, warmup=int(i == 0)).peak_above_baseline_bytes for i in range(calls))
 
 
+def requested_peak(model, batch, graph=True):
+    """The most bytes *requested* by live allocations made during one profiled step.
+
+    The allocator's own peak counts whole BFC chunks, and a chunk can be up to twice the
+    request depending on what is free: the same graph measured 9.3-10.5 MiB across
+    processes. Replaying the profiler's allocation events with the requested sizes gives
+    the same figure for the same schedule.
+    """
+    import glob
+    import os
+    import shutil
+    import tempfile
+
+    from memgrad._src import tf_internals
+    from memgrad._src.profiler.live import _allocation_events
+
+    step = make_step(model, batch, graph)
+    step()
+    logdir = tempfile.mkdtemp(prefix="memgrad-requested-")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            step()
+        finally:
+            tf.profiler.experimental.stop()
+        space = tf_internals.xplane_pb2().XSpace()
+        for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+            with open(path, "rb") as handle:
+                space.MergeFromString(handle.read())
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    live, total, peak = {}, 0, 0
+    for _, kind, stats in _allocation_events(space, "CPU:0"):
+        address = stats.get("addr")
+        if kind == "MemoryAllocation":
+            live[address] = int(stats.get("requested_bytes") or 0)
+            total += live[address]
+            peak = max(peak, total)
+        else:
+            total -= live.pop(address, 0)
+    return peak
+
+
 def step_seconds(model, batch, graph=False, rounds=5):
     """The median wall time of ``rounds`` steps after two warm-up steps."""
     step = make_step(model, batch, graph)
@@ -107,16 +153,38 @@ WORKLOADS = {
 }
 
 
-def peaks(names, graph_names=()):
-    """{name: [keras eager, converted eager]} and {name + "/graph": [keras, converted]} peaks."""
+def eager_peaks(names):
+    """{name: [Keras eager peak, converted eager peak]} in bytes."""
     tf.config.threading.set_inter_op_parallelism_threads(1)
     results = {}
-    for name in list(names) + [n for n in graph_names if n not in names]:
+    for name in names:
         build, batch = WORKLOADS[name]
         model = build()
         converted = memgrad.selective.convert(model)
-        if name in names:
-            results[name] = [step_peak(m, batch) for m in (model, converted)]
-        if name in graph_names:
-            results[name + "/graph"] = [step_peak(m, batch, graph=True) for m in (model, converted)]
+        results[name] = [step_peak(m, batch) for m in (model, converted)]
+    return results
+
+
+def op_types(model, batch):
+    """{op type: count} of ``model``'s traced training step."""
+    graph = make_step(model, batch, graph=True).get_concrete_function().graph
+    return dict(collections.Counter(op.type for op in graph.get_operations()))
+
+
+def graph_peaks(names, calls=3):
+    """{name: {"peaks": [Keras, converted], "op_difference": {type: [Keras count, converted count]}}}
+    of a graph-mode (tf.function) training step; both models are built before either is
+    measured, so the allocator holds the same weights for both."""
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    results = {}
+    for name in names:
+        build, batch = WORKLOADS[name]
+        model = build()
+        converted = memgrad.selective.convert(model)
+        keras_ops, converted_ops = op_types(model, batch), op_types(converted, batch)
+        difference = {t: [keras_ops.get(t, 0), converted_ops.get(t, 0)] for t in set(keras_ops) | set(converted_ops)
+                      if keras_ops.get(t, 0) != converted_ops.get(t, 0)}
+        results[name] = {"peaks": [step_peak(m, batch, graph=True, calls=calls) for m in (model, converted)],
+                         "requested_peaks": [requested_peak(m, batch) for m in (model, converted)],
+                         "op_difference": difference}
     return results

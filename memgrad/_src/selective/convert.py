@@ -98,8 +98,9 @@ def _replacement(layer, report):
         return None
     try:
         candidate = target.from_config(layer.get_config())
-    except ValueError as error:  # a constructor check (Activation)
-        report.kept.append((layer.name, str(error)))
+    except (ValueError, TypeError) as error:  # a constructor check (Activation); Keras re-raises it as TypeError
+        cause = error.__cause__ or error.__context__
+        report.kept.append((layer.name, str(cause if isinstance(cause, ValueError) else error)))
         return None
     reason = _unsupported(candidate)
     if reason is not None:

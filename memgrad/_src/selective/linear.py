@@ -56,10 +56,10 @@ class SelectiveLinear:
 
     def call(self, inputs, training=None):  # `training` as Keras's Dense/EinsumDense take it (unused)
         inputs = tf.convert_to_tensor(inputs)
-        if not tf.executing_eagerly() or _merged_kernel(self):
-            # Graph gradients already prune unneeded inputs; a LoRA or quantized kernel is
-            # not one variable, so Keras computes it.
+        if _merged_kernel(self):  # a LoRA or quantized kernel is not one variable: Keras computes it
             return super().call(inputs)
+        if not tf.executing_eagerly():
+            return super().call(inputs)  # graph gradients already prune unneeded inputs
         variables = self._variables()
         kernel_wanted = weights_wanted(self, variables)
         input_wanted = is_watched(inputs)
