@@ -171,7 +171,7 @@ def op_types(model, batch):
     return dict(collections.Counter(op.type for op in graph.get_operations()))
 
 
-def graph_peaks(names, calls=3):
+def graph_peaks(names, calls=1):
     """{name: {"peaks": [Keras, converted], "op_difference": {type: [Keras count, converted count]}}}
     of a graph-mode (tf.function) training step; both models are built before either is
     measured, so the allocator holds the same weights for both."""
