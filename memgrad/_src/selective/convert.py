@@ -125,8 +125,9 @@ def _why_not_converted(layer):
 
 
 def _sublayers(layer):
-    """The layers held in ``layer``'s attributes (directly or in lists/tuples/dicts)."""
-    found = []
+    """The layers held in ``layer``'s attributes (directly or in lists/tuples/dicts), and a
+    model's layers."""
+    found = list(layer.layers) if isinstance(layer, keras.Model) else []
     for value in vars(layer).values():
         values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
         found += [v for v in values if isinstance(v, keras.layers.Layer) and v is not layer]
@@ -166,7 +167,7 @@ def _swap_sublayers_in_place(layer, report, path, seen):
     Keras's there again (convert it again).
     """
     for sub in _sublayers(layer):
-        if id(sub) in seen or isinstance(sub, keras.Model):
+        if id(sub) in seen:
             continue
         seen.add(id(sub))
         name = f"{path}/{sub.name}"
@@ -192,21 +193,32 @@ def _uses_masks(model) -> bool:
                for layer in model.layers)
 
 
+def _trainable_signature(model):
+    """(name, shape) of each trainable variable, in order (paths differ: a loaded model's carry its name)."""
+    return [(v.name, tuple(v.shape)) for v in model.trainable_variables]
+
+
 def convert(model, return_report=False):
     """Returns a copy of ``model`` with memgrad's selective-differentiation layers swapped in.
 
-    ``Dense``, ``Conv1D/2D/3D``, ``Conv2DTranspose``, ``BatchNormalization``,
-    ``ReLU``, ``MaxPooling2D`` and ``Dropout`` layers are replaced by memgrad's
-    drop-in versions (same config, same weights), which keep for backprop only
-    what the requested gradients need: a frozen layer's input is not kept (so, in
-    eager mode, its weight gradients are available only if a tape watches them
-    before the forward pass), a ReLU keeps a 1-byte mask. Outputs are unchanged.
-    Works for Sequential and functional models, nested ones included; the
-    original model is not modified. ``Lambda`` layers, whose Python function
-    cannot be copied, are shared with the original model and listed in the
-    report. A Sequential model comes back as a `LeanSequential`, whose eager
-    forward pass releases each layer's output as soon as it can (Keras's
-    functional runner keeps them all until the call returns).
+    Every layer of a type in ``REPLACEMENTS`` (``Dense``, ``EinsumDense``,
+    ``Conv1D/2D/3D``, ``Conv2DTranspose``, ``DepthwiseConv2D``,
+    ``SeparableConv2D``, ``BatchNormalization``, ``LayerNormalization``, ``ReLU``,
+    ``Activation`` (relu, gelu), ``MaxPooling2D``, ``AveragePooling2D``,
+    ``GlobalAveragePooling2D``, ``ZeroPadding2D``, ``Add``, ``Concatenate``,
+    ``Embedding``, ``Dropout``) is replaced by memgrad's drop-in version (same
+    config, same weights), which keeps for backprop only what the requested
+    gradients need: a frozen layer's input is not kept (so, in eager mode, its
+    weight gradients are available only if a tape watches them before the forward
+    pass), a ReLU keeps a 1-byte mask. Outputs are unchanged. The original model
+    is not modified. A functional model comes back as a `LeanFunctional` and a
+    Sequential one as a `LeanSequential` (nested models too): their eager forward
+    pass releases each layer's output after its last use and runs layers no
+    gradient can flow through unrecorded (Keras's runner keeps every output until
+    the call returns). Custom layers (keras-hub's) are copied and their
+    replaceable sublayers swapped in place. ``Lambda`` layers, whose Python
+    function cannot be copied, are shared with the original model. The report
+    lists every layer left unconverted with its reason.
 
     Args:
       model: a built Keras ``Sequential`` or functional ``Model``.
@@ -218,6 +230,8 @@ def convert(model, return_report=False):
     Raises:
       ValueError: for a subclassed model (its ``call`` cannot be rewired) or an
         unbuilt one.
+      RuntimeError: if the copy's trainable variables differ from the
+        original's (a layer that could not be copied faithfully).
 
     Example:
       >>> base = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu")])
@@ -270,9 +284,9 @@ def convert(model, return_report=False):
     elif not isinstance(converted, keras.Sequential):
         converted = LeanFunctional(converted.input, converted.output, name=model.name, trainable=model.trainable)
     converted.set_weights(model.get_weights())
-    if [v.path for v in converted.trainable_variables] != [v.path for v in model.trainable_variables]:
-        raise AssertionError(
+    expected, received = _trainable_signature(model), _trainable_signature(converted)
+    if expected != received:
+        raise RuntimeError(
             "memgrad.selective.convert: the converted model's trainable variables differ from the original's "
-            f"(a layer memgrad could not copy faithfully). Expected: {[v.path for v in model.trainable_variables]}. "
-            f"Received: {[v.path for v in converted.trainable_variables]}")
+            f"(a layer memgrad could not copy faithfully). Expected: {expected}. Received: {received}")
     return (converted, report) if return_report else converted
