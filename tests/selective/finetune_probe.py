@@ -85,12 +85,13 @@ def make_step(model, batch, graph=False):
     return tf.function(step) if graph else step
 
 
-def step_peak(model, batch, graph=False, calls=2):
-    step = make_step(model, batch, graph)
+def step_peak(model, batch, graph=False, calls=2, step=None):
+    """The least peak of ``calls`` measured steps (one warm-up); ``step``: one from `make_step`."""
+    step = step or make_step(model, batch, graph)
     return min(memgrad.profiler.measure(step, warmup=int(i == 0)).peak_above_baseline_bytes for i in range(calls))
 
 
-def requested_peak(model, batch, graph=True):
+def requested_peak(model, batch, graph=True, step=None):
     """The most bytes *requested* by live allocations made during one profiled step.
 
     The allocator's own peak counts whole BFC chunks, and a chunk can be up to twice the
@@ -106,7 +107,7 @@ def requested_peak(model, batch, graph=True):
     from memgrad._src import tf_internals
     from memgrad._src.profiler.live import _allocation_events
 
-    step = make_step(model, batch, graph)
+    step = step or make_step(model, batch, graph)
     step()
     logdir = tempfile.mkdtemp(prefix="memgrad-requested-")
     try:
@@ -165,15 +166,16 @@ def eager_peaks(names):
     return results
 
 
-def op_types(model, batch):
-    """{op type: count} of ``model``'s traced training step."""
-    graph = make_step(model, batch, graph=True).get_concrete_function().graph
+def op_types(step):
+    """{op type: count} of a traced training step (a `make_step` with ``graph=True``)."""
+    graph = step.get_concrete_function().graph
     return dict(collections.Counter(op.type for op in graph.get_operations()))
 
 
 def graph_peaks(names, calls=1):
-    """{name: {"peaks": [Keras, converted], "op_difference": {type: [Keras count, converted count]}}}
-    of a graph-mode (tf.function) training step; both models are built before either is
+    """{name: {"peaks": [Keras, converted], "requested_peaks": [Keras, converted],
+    "op_difference": {type: [Keras count, converted count]}}} of a graph-mode (tf.function)
+    training step (each model's step traced once); both models are built before either is
     measured, so the allocator holds the same weights for both."""
     tf.config.threading.set_inter_op_parallelism_threads(1)
     results = {}
@@ -181,10 +183,12 @@ def graph_peaks(names, calls=1):
         build, batch = WORKLOADS[name]
         model = build()
         converted = memgrad.selective.convert(model)
-        keras_ops, converted_ops = op_types(model, batch), op_types(converted, batch)
+        steps = [make_step(m, batch, graph=True) for m in (model, converted)]
+        keras_ops, converted_ops = (op_types(step) for step in steps)
         difference = {t: [keras_ops.get(t, 0), converted_ops.get(t, 0)] for t in set(keras_ops) | set(converted_ops)
                       if keras_ops.get(t, 0) != converted_ops.get(t, 0)}
-        results[name] = {"peaks": [step_peak(m, batch, graph=True, calls=calls) for m in (model, converted)],
-                         "requested_peaks": [requested_peak(m, batch) for m in (model, converted)],
-                         "op_difference": difference}
+        results[name] = {
+            "peaks": [step_peak(m, batch, calls=calls, step=step) for m, step in zip((model, converted), steps)],
+            "requested_peaks": [requested_peak(m, batch, step=step) for m, step in zip((model, converted), steps)],
+            "op_difference": difference}
     return results
