@@ -151,3 +151,20 @@ def test_unconverted_layers_are_reported_with_reasons():
     assert "Received: padding='causal'" in kept[converted.layers[1].name]
     assert "Received: activation='tanh'" in kept[converted.layers[2].name]
     assert "keeps no tensor" in kept[converted.layers[3].name]
+
+
+@pytest.mark.slow
+def test_converted_functional_fits_like_keras():
+    """model.fit (a graph) of the converted BN-only model takes Keras's steps."""
+    x = np.random.default_rng(16).normal(size=(16, 16, 16, 3)).astype("float32")
+    y = np.arange(16) % 3
+    weights = []
+    for convert in (False, True):
+        model = _small_resnet("batchnorm")
+        if convert:
+            model = memgrad.selective.convert(model)
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+    for got, want in zip(weights[1], weights[0], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
