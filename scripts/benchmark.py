@@ -149,6 +149,50 @@ def selective_suite(rounds, batch=32):
             "ms_plain": seconds["plain"] * 1e3,
             "memory_ratio": peaks["memgrad"] / peaks["plain"],
         })
+    rows += finetune_rows(rounds)
+    return rows
+
+
+def finetune_rows(rounds):
+    """Issue 22's fine-tuning workloads (keras.applications, keras-hub BERT with adapters):
+    converted vs Keras, eager and tf.function steps (time and peak memory).
+
+    The workloads live beside their tests (tests/selective/finetune_probe.py: keras-hub is a
+    test-only dependency); without keras-hub the BERT row is skipped.
+    """
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.selective import finetune_probe
+
+    cases = {
+        "resnet50_frozen": "keras.applications ResNet50 frozen + trainable head",
+        "resnet50_batchnorm": "ResNet50, only BatchNormalization + head trainable",
+        "mobilenetv2_frozen": "MobileNetV2 frozen + trainable head",
+        "bert_adapters": "keras-hub BERT (2 layers, hidden 64) frozen, adapters + head trainable",
+    }
+    rows = []
+    for name, title in cases.items():
+        build, batch = finetune_probe.WORKLOADS[name]
+        try:
+            model = build()
+        except ImportError as error:  # keras-hub not installed
+            print(f"skipped {name}: {error}", file=sys.stderr)
+            continue
+        converted = memgrad.selective.convert(model)
+        for graph in (False, True):
+            steps = {key: finetune_probe.make_step(m, batch, graph) for key, m in
+                     (("memgrad", converted), ("plain", model))}
+            timed = {key: (lambda _, step=step: step()) for key, step in steps.items()}
+            seconds = time_side_by_side(timed, None, rounds)
+            peaks = {key: finetune_probe.step_peak(m, batch, graph) for key, m in (("memgrad", converted), ("plain", model))}
+            rows.append({
+                "suite": "selective",
+                "case": f"{title}, {'tf.function' if graph else 'eager'}, batch {batch}",
+                "time_ratio": seconds["memgrad"] / seconds["plain"],
+                "target": 1.05,
+                "ms_memgrad": seconds["memgrad"] * 1e3,
+                "ms_plain": seconds["plain"] * 1e3,
+                "memory_ratio": peaks["memgrad"] / peaks["plain"],
+            })
     return rows
 
 

@@ -231,3 +231,45 @@ _private_member(tf.Graph, "_is_function", "tf.Graph")
 def is_graph_function(graph, op_type):
     """Whether ``op_type`` is a function registered in ``graph``'s library."""
     return graph._is_function(op_type)
+
+
+# Keras's functional graph: the nodes a Functional model runs, in the order its runner
+# (keras.src.ops.function.Function._run_through_graph) runs them, and how a node's arguments
+# are filled in from computed tensors. `LeanFunctional` runs the same nodes in the same order
+# and releases each computed tensor after its last consumer; Keras exports none of these.
+_private_member(keras_functional, "_run_through_graph", "keras.src.models.functional.Functional")
+# (_nodes_by_depth, _outputs_struct and a node's arguments/outputs are instance attributes,
+# checked on the first model a LeanFunctional runs: tests/test_tf_internals.py.)
+_keras_node = _private("keras.src.ops.node", "Node")
+for _name in ("input_tensors",):  # is_input, arguments, outputs: instance attributes
+    _private_member(_keras_node, _name, "keras.src.ops.node.Node")
+
+
+def functional_nodes_in_order(model):
+    """The nodes of a functional ``model`` in the order Keras's runner calls them (input
+    nodes left out)."""
+    by_depth = model._nodes_by_depth
+    return [node for depth in sorted(by_depth, reverse=True) for node in by_depth[depth]
+            if node.operation is not None and not node.is_input]
+
+
+def functional_node_operation(model, node):
+    """The operation Keras calls for ``node`` (Keras 3.10+ maps it for NNX; older ones call
+    ``node.operation``)."""
+    lookup = getattr(model, "_get_operation_for_node", None)
+    return lookup(node) if lookup is not None else node.operation
+
+
+def functional_node_arguments(node, tensors_by_id):
+    """``(args, kwargs)`` of ``node`` with its Keras tensors replaced by ``tensors_by_id``."""
+    return node.arguments.fill_in(tensors_by_id)
+
+
+def functional_node_outputs(node):
+    """The flat list of symbolic outputs of ``node``."""
+    return node.outputs
+
+
+def functional_outputs_structure(model):
+    """The nested structure of a functional model's outputs (Keras keeps it privately)."""
+    return model._outputs_struct

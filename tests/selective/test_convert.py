@@ -38,10 +38,12 @@ def test_sequential_conversion_swaps_and_preserves_outputs():
     assert isinstance(converted, selective.LeanSequential)
     kinds = [type(layer) for layer in converted.layers]
     assert kinds[:3] == [selective.Conv2D, selective.BatchNormalization, selective.ReLU]
-    assert kinds[3] is keras.layers.Conv2D and kinds[5:] == [selective.Dense, selective.Dense]
-    assert len(report.swapped) == 5
+    assert kinds[3] is keras.layers.Conv2D and kinds[4:] == [selective.GlobalAveragePooling2D, selective.Dense,
+                                                             selective.Dense]
+    assert len(report.swapped) == 6
     assert report.kept[0][0] == model.layers[3].name and "dilation_rate" in report.kept[0][1]
-    assert "swapped 5 layer(s)" in str(report)
+    assert len(report.kept) == 1
+    assert "swapped 6 layer(s)" in str(report)
     np.testing.assert_array_equal(converted(x, training=False), model(x, training=False))
     assert all(type(layer).__module__.startswith("keras") for layer in model.layers)  # original untouched
 
@@ -51,7 +53,8 @@ def test_functional_and_nested_conversion():
     x = np.random.default_rng(1).normal(size=(3, 6)).astype("float32")
     converted, report = memgrad.selective.convert(model, return_report=True)
     names = {name for name, _ in report.swapped}
-    assert len(report.swapped) == 4  # three Dense (one nested) and a ReLU
+    assert len(report.swapped) == 5  # three Dense (one nested), an Add and a ReLU
+    assert isinstance(converted, selective.LeanFunctional)
     assert any(isinstance(layer, keras.Sequential) for layer in converted.layers)
     nested = [layer for layer in converted.layers if isinstance(layer, keras.Sequential)][0]
     assert isinstance(nested, selective.LeanSequential)

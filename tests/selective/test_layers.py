@@ -1,6 +1,7 @@
 """Selective layers: outputs and gradients identical to the Keras layers they replace."""
 
 import itertools
+import math
 
 import keras
 import numpy as np
@@ -31,7 +32,47 @@ LAYERS = {
     "batchnorm": (lambda cls, dt: cls(dtype=dt), keras.layers.BatchNormalization, selective.BatchNormalization,
                   (6, 4, 4, 3)),
     "relu": (lambda cls, dt: cls(dtype=dt), keras.layers.ReLU, selective.ReLU, (4, 10)),
+    # Issue 22: the layers fine-tuned models are made of.
+    "relu_max_value": (lambda cls, dt: cls(max_value=0.5, dtype=dt), keras.layers.ReLU, selective.ReLU, (4, 10)),
+    "activation_relu": (lambda cls, dt: cls("relu", dtype=dt), keras.layers.Activation, selective.Activation,
+                        (4, 10)),
+    "activation_gelu": (lambda cls, dt: cls("gelu", dtype=dt), keras.layers.Activation, selective.Activation,
+                        (4, 3, 10)),
+    "dense_gelu": (lambda cls, dt: cls(6, activation="gelu", dtype=dt), keras.layers.Dense, selective.Dense,
+                   (4, 5, 8)),
+    "depthwise": (lambda cls, dt: cls(3, depth_multiplier=2, padding="same", activation="relu", dtype=dt),
+                  keras.layers.DepthwiseConv2D, selective.DepthwiseConv2D, (2, 7, 7, 3)),
+    "depthwise_strided": (lambda cls, dt: cls((3, 2), strides=2, padding="valid", use_bias=False, dtype=dt),
+                          keras.layers.DepthwiseConv2D, selective.DepthwiseConv2D, (2, 8, 7, 3)),
+    "separable": (lambda cls, dt: cls(4, 3, padding="same", depth_multiplier=2, activation="relu", dtype=dt),
+                  keras.layers.SeparableConv2D, selective.SeparableConv2D, (2, 7, 7, 3)),
+    "separable_strided": (lambda cls, dt: cls(5, 3, strides=2, padding="valid", use_bias=False, dtype=dt),
+                          keras.layers.SeparableConv2D, selective.SeparableConv2D, (2, 8, 8, 2)),
+    "einsum_heads": (lambda cls, dt: cls("abc,cde->abde", output_shape=(None, 2, 3), bias_axes="de", dtype=dt),
+                     keras.layers.EinsumDense, selective.EinsumDense, (2, 5, 4)),
+    "einsum_merge_heads": (lambda cls, dt: cls("abcd,cde->abe", output_shape=(None, 6), bias_axes="e", dtype=dt),
+                           keras.layers.EinsumDense, selective.EinsumDense, (2, 5, 2, 3)),
+    "einsum_ellipsis_relu": (lambda cls, dt: cls("...b,bc->...c", output_shape=4, bias_axes="c", activation="relu",
+                                                 dtype=dt), keras.layers.EinsumDense, selective.EinsumDense, (2, 3, 5)),
+    "layernorm": (lambda cls, dt: cls(dtype=dt), keras.layers.LayerNormalization, selective.LayerNormalization,
+                  (4, 5, 6)),
+    "layernorm_two_axes": (lambda cls, dt: cls(axis=[1, 2], center=False, dtype=dt), keras.layers.LayerNormalization,
+                           selective.LayerNormalization, (3, 4, 5)),
+    "global_avgpool": (lambda cls, dt: cls(dtype=dt), keras.layers.GlobalAveragePooling2D,
+                       selective.GlobalAveragePooling2D, (2, 5, 5, 3)),
+    "global_avgpool_keepdims": (lambda cls, dt: cls(keepdims=True, dtype=dt), keras.layers.GlobalAveragePooling2D,
+                                selective.GlobalAveragePooling2D, (2, 4, 6, 3)),
+    "avgpool": (lambda cls, dt: cls(2, dtype=dt), keras.layers.AveragePooling2D, selective.AveragePooling2D,
+                (2, 6, 6, 3)),
+    "avgpool_same_strided": (lambda cls, dt: cls(3, strides=2, padding="same", dtype=dt), keras.layers.AveragePooling2D,
+                             selective.AveragePooling2D, (2, 7, 7, 2)),
+    "zero_padding": (lambda cls, dt: cls(((1, 2), (0, 3)), dtype=dt), keras.layers.ZeroPadding2D,
+                     selective.ZeroPadding2D, (2, 4, 4, 3)),
 }
+
+# TensorFlow's float64 GELU gradient (through erfc) is off by up to ~5e-6 relative; memgrad's
+# matches the analytic derivative to 1e-15 (test_gelu_gradient_is_the_analytic_derivative).
+FLOAT64_TOLERANCE = {"activation_gelu": 1e-5, "dense_gelu": 1e-5}
 
 
 def _pair(name, dtype, trainable):
@@ -72,7 +113,7 @@ def test_outputs_and_gradients_match_keras(name, dtype, trainable, watch_input):
     y, g = _run(lean, x, watch_input)
     np.testing.assert_array_equal(y.numpy(), y_ref.numpy())
     assert len(g) == len(g_ref)
-    tolerance = 1e-10 if dtype == "float64" else 1e-4
+    tolerance = FLOAT64_TOLERANCE.get(name, 1e-10) if dtype == "float64" else 1e-4
     for got, want in zip(g, g_ref):
         assert got is not None
         np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
@@ -120,3 +161,85 @@ def test_dropout_same_mask_and_gradient_as_keras(dtype):
     np.testing.assert_array_equal(y, y_ref)
     np.testing.assert_allclose(g, g_ref, rtol=1e-12 if dtype == "float64" else 1e-6)
     np.testing.assert_array_equal(lean(x, training=False), x)
+
+
+@pytest.mark.parametrize("name", ["add", "concatenate"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("watched", ["first", "both"])
+def test_merges_match_keras(name, dtype, watched):
+    make = {"add": lambda m: m.Add(dtype=dtype), "concatenate": lambda m: m.Concatenate(axis=1, dtype=dtype)}[name]
+    rng = np.random.default_rng(9)
+    a = tf.constant(rng.normal(size=(3, 4, 2)).astype(dtype))
+    b = tf.constant(rng.normal(size=(3, 4 if name == "add" else 5, 2)).astype(dtype))
+    sources = [a] if watched == "first" else [a, b]
+
+    def run(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(sources)
+            y = layer([a * 1.0, b * 1.0])
+            weights = tf.reshape(tf.cast(tf.range(tf.size(y[0])) % 3 + 1, y.dtype), y.shape[1:])
+            loss = tf.reduce_sum(tf.sin(y) * weights)
+        return y, tape.gradient(loss, sources)
+
+    (y_ref, g_ref), (y, g) = run(make(keras.layers)), run(make(selective))
+    np.testing.assert_array_equal(y, y_ref)
+    for got, want in zip(g, g_ref, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == "float64" else 1e-6)
+
+
+@pytest.mark.parametrize("trainable, watch_table", [(True, False), (False, True), (False, False)])
+def test_embedding_matches_keras_and_frozen_records_nothing(trainable, watch_table):
+    ids = tf.constant(np.random.default_rng(10).integers(0, 12, size=(4, 7)))
+    layers = []
+    for cls in (keras.layers.Embedding, selective.Embedding):
+        layer = cls(12, 5)
+        layer.build((None, 7))
+        layer.set_weights([np.random.default_rng(11).normal(size=(12, 5)).astype("float32")])
+        layer.trainable = trainable
+        layers.append(layer)
+
+    def run(layer):
+        with tf.GradientTape() as tape:
+            if watch_table:
+                tape.watch(layer.embeddings.value)
+            y = layer(ids)
+            loss = tf.reduce_sum(tf.sin(y))
+        return y, tape.gradient(loss, layer.embeddings)
+
+    (y_ref, g_ref), (y, g) = run(layers[0]), run(layers[1])
+    np.testing.assert_array_equal(y, y_ref)
+    if trainable or watch_table:
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(g_ref), rtol=1e-6)
+    else:  # Keras's tape records the lookup of a frozen table; memgrad's does not
+        assert g is None and g_ref is not None
+
+
+def test_unsupported_new_layer_settings_are_rejected():
+    with pytest.raises(ValueError, match=r"Activation keeps less.*Received: activation='tanh'"):
+        selective.Activation("tanh")
+    with pytest.raises(ValueError, match=r"Received: negative_slope=0.1"):
+        selective.ReLU(negative_slope=0.1)._check_supported()
+    with pytest.raises(ValueError, match=r"DepthwiseConv2D supports.*Received: dilation_rate=\(2, 2\)"):
+        selective.DepthwiseConv2D(3, dilation_rate=2).build((None, 8, 8, 4))
+    with pytest.raises(ValueError, match=r"SeparableConv2D supports.*Received: data_format='channels_first'"):
+        selective.SeparableConv2D(4, 3, data_format="channels_first").build((None, 4, 8, 8))
+    with pytest.raises(ValueError, match=r"EinsumDense needs every input.*Received: equation='abc,cd->ad'"):
+        selective.EinsumDense("abc,cd->ad", output_shape=4).build((None, 3, 5))
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_gelu_gradient_is_the_analytic_derivative(approximate):
+    x = np.linspace(-4.0, 4.0, 41)
+    with tf.GradientTape() as tape:
+        t = tf.constant(x)
+        tape.watch(t)
+        y = selective.lean_gelu(t, approximate=approximate)
+    got = tape.gradient(y, t).numpy()
+    np.testing.assert_array_equal(y, keras.activations.gelu(tf.constant(x), approximate=approximate))
+    if approximate:
+        c = math.sqrt(2 / math.pi)
+        th = np.tanh(c * (x + 0.044715 * x**3))
+        want = 0.5 * (1 + th) + 0.5 * x * (1 - th**2) * c * (1 + 3 * 0.044715 * x**2)
+    else:
+        want = [0.5 * (1 + math.erf(v / math.sqrt(2))) + v * math.exp(-v * v / 2) / math.sqrt(2 * math.pi) for v in x]
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)

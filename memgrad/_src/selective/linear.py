@@ -5,8 +5,14 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.relu import masked_relu, share_kept_input
+from memgrad._src.selective.activation import apply_activation
+from memgrad._src.selective.relu import share_kept_input
 from memgrad._src.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
+
+
+def _merged_kernel(layer) -> bool:
+    """Whether ``layer.kernel`` is computed (LoRA, quantization) rather than one variable."""
+    return bool(getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None))
 
 
 class SelectiveLinear:
@@ -31,6 +37,13 @@ class SelectiveLinear:
         self._check_supported()
         super().build(input_shape)
 
+    def _variables(self):
+        """The kernel, then the bias if there is one."""
+        return [self.kernel] + ([self.bias] if self.use_bias else [])
+
+    def _bias_gradient(self, d_pre):
+        return tf.reduce_sum(d_pre, axis=list(range(d_pre.shape.rank - 1)))
+
     def _linear_part(self, inputs):
         activation, self.activation = self.activation, keras.activations.linear
         try:
@@ -39,15 +52,15 @@ class SelectiveLinear:
             self.activation = activation
 
     def _activate(self, pre):
-        if self.activation is keras.activations.relu:
-            return masked_relu(pre)
-        return self.activation(pre)
+        return apply_activation(self.activation, pre)
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):  # `training` as Keras's Dense/EinsumDense take it (unused)
         inputs = tf.convert_to_tensor(inputs)
+        if _merged_kernel(self):  # a LoRA or quantized kernel is not one variable: Keras computes it
+            return super().call(inputs)
         if not tf.executing_eagerly():
             return super().call(inputs)  # graph gradients already prune unneeded inputs
-        variables = [self.kernel] + ([self.bias] if self.use_bias else [])
+        variables = self._variables()
         kernel_wanted = weights_wanted(self, variables)
         input_wanted = is_watched(inputs)
         with stop_recording():
@@ -72,8 +85,8 @@ class SelectiveLinear:
             grads = [self._input_gradient(d_pre, kernel, input_shape) if input_wanted else None]
             if kernel_wanted:
                 grads.append(self._kernel_gradient(kept_input, d_pre, kernel_shape))
-                if self.use_bias:
-                    grads.append(tf.reduce_sum(d_pre, axis=list(range(d_pre.shape.rank - 1))))
+                if len(variables) > 1:
+                    grads.append(self._bias_gradient(d_pre))
             return grads
 
         record_backward(f"memgrad_{type(self).__name__}", pre, [inputs] + reads, backward)

@@ -77,3 +77,60 @@ class BatchNormalization(keras.layers.BatchNormalization):
 
         record_backward("memgrad_BatchNormInference", outputs, [inputs] + reads, backward)
         return outputs
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class LayerNormalization(keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization` whose backward keeps only its input.
+
+    TensorFlow's tape keeps about six tensors of the input's size for Keras's layer
+    normalisation (measured: 25 MiB for a 4 MiB input); the gradient needs the input
+    and two small per-row statistics. A frozen layer on unwatched inputs keeps nothing.
+    ``rms_scaling=True`` runs Keras's computation.
+
+    Example:
+      >>> norm = LayerNormalization(epsilon=1e-12)
+    """
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if not tf.executing_eagerly() or self.rms_scaling:
+            return super().call(inputs)
+        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        params_wanted = bool(params) and weights_wanted(self, params)
+        input_wanted = is_watched(inputs)
+        with stop_recording():
+            outputs = super().call(inputs)
+        if not (params_wanted or input_wanted):
+            return outputs
+        rank = inputs.shape.rank
+        axes = sorted(a % rank for a in (self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]))
+        other_axes = [a for a in range(rank) if a not in axes]
+        acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
+        with stop_recording():
+            mean, variance = tf.nn.moments(tf.cast(inputs, acc), axes, keepdims=True)
+            inv_std = tf.math.rsqrt(variance + self.epsilon)
+            gamma = tf.cast(self.gamma.value, acc) if self.scale else None
+        reads = [watched_read(v) for v in params] if params_wanted else []
+        share_kept_input(inputs)
+        broadcast = [inputs.shape[a] if a in axes else 1 for a in range(rank)]
+
+        def backward(d_out):
+            d = tf.cast(d_out, acc)
+            normalized = (tf.cast(inputs, acc) - mean) * inv_std
+            d_normalized = d * tf.reshape(gamma, broadcast) if gamma is not None else d
+            grads = [None]
+            if input_wanted:
+                dx = inv_std * (d_normalized - tf.reduce_mean(d_normalized, axes, keepdims=True)
+                                - normalized * tf.reduce_mean(d_normalized * normalized, axes, keepdims=True))
+                grads = [tf.cast(dx, d_out.dtype)]
+            if params_wanted:
+                if self.scale:
+                    grads.append(tf.cast(tf.reshape(tf.reduce_sum(d * normalized, other_axes), self.gamma.shape),
+                                         self.gamma.dtype))
+                if self.center:
+                    grads.append(tf.cast(tf.reshape(tf.reduce_sum(d, other_axes), self.beta.shape), self.beta.dtype))
+            return grads
+
+        record_backward("memgrad_LayerNorm", outputs, [inputs] + reads, backward)
+        return outputs

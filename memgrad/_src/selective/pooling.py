@@ -41,3 +41,63 @@ class MaxPooling2D(keras.layers.MaxPooling2D):
 
         record_backward("memgrad_MaxPool", outputs, [inputs], backward)
         return outputs
+
+
+def _channels_last_2d(layer, inputs):
+    return layer.data_format == "channels_last" and inputs.shape.rank == 4
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class GlobalAveragePooling2D(keras.layers.GlobalAveragePooling2D):
+    """`keras.layers.GlobalAveragePooling2D` whose backward keeps only the input's shape.
+
+    TensorFlow's tape keeps the whole input of a mean for its gradient, which needs
+    only the shape. Channels-last; otherwise Keras's computation.
+
+    Example:
+      >>> pool = GlobalAveragePooling2D()
+    """
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if not (tf.executing_eagerly() and _channels_last_2d(self, inputs) and is_watched(inputs)):
+            return super().call(inputs)
+        with stop_recording():
+            outputs = super().call(inputs)
+        shape = tf.shape(inputs)
+        keepdims = self.keepdims
+
+        def backward(d_out):
+            if not keepdims:
+                d_out = d_out[:, tf.newaxis, tf.newaxis, :]
+            return [tf.broadcast_to(d_out / tf.cast(shape[1] * shape[2], d_out.dtype), shape)]
+
+        record_backward("memgrad_GlobalAveragePool", outputs, [inputs], backward)
+        return outputs
+
+
+@keras.saving.register_keras_serializable(package="memgrad")
+class AveragePooling2D(keras.layers.AveragePooling2D):
+    """`keras.layers.AveragePooling2D` whose backward keeps only the input's shape.
+
+    (TensorFlow's tape keeps the whole input.) Channels-last; otherwise Keras's computation.
+
+    Example:
+      >>> pool = AveragePooling2D(2)
+    """
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if not (tf.executing_eagerly() and _channels_last_2d(self, inputs) and is_watched(inputs)):
+            return super().call(inputs)
+        with stop_recording():
+            outputs = super().call(inputs)
+        shape = tf.shape(inputs)
+        ksize, strides, padding = [1, *self.pool_size, 1], [1, *self.strides, 1], self.padding.upper()
+
+        def backward(d_out):
+            return [tf.raw_ops.AvgPoolGrad(orig_input_shape=shape, grad=d_out, ksize=ksize, strides=strides,
+                                           padding=padding)]
+
+        record_backward("memgrad_AveragePool", outputs, [inputs], backward)
+        return outputs

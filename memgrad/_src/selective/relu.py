@@ -43,8 +43,11 @@ def share_kept_input(tensor) -> None:
         saved.output, saved.mask = tensor, None
 
 
-def masked_relu(x):
+def masked_relu(x, max_value=None):
     """``max(x, 0)`` whose gradient keeps only the boolean mask ``x > 0`` (1 byte per element).
+
+    With ``max_value`` (``ReLU(6.0)``, MobileNet's) it is ``min(max(x, 0), max_value)``
+    and the mask is ``0 < x < max_value``.
 
     In a graph (``tf.function``) this is ``tf.nn.relu``: TensorFlow's graph
     gradient already frees what is not needed, and a custom gradient there
@@ -52,20 +55,28 @@ def masked_relu(x):
 
     Args:
       x: a float tensor.
+      max_value: ``None``, or the upper clip.
 
     Returns:
-      ``relu(x)``, with the same gradient as ``tf.nn.relu``.
+      ``relu(x)``, with the same gradient as ``tf.nn.relu`` (``keras.activations.relu``
+      with ``max_value``).
     """
+    def forward(t):
+        return tf.nn.relu(t) if max_value is None else keras.activations.relu(t, max_value=max_value)
+
     if not tf.executing_eagerly() or not is_watched(x):
-        return tf.nn.relu(x)
+        return forward(x)
     with stop_recording():
-        y = tf.nn.relu(x)
-        saved = _SavedForRelu(x > 0)
+        y = forward(x)
+        saved = _SavedForRelu(x > 0 if max_value is None else (y > 0) & (y < max_value))
     _remember(y, saved)  # lets the next layer share what it keeps
 
     def backward(dy):
         if saved.mask is None:  # the output is kept anyway: TensorFlow's own kernel
-            return [tf.raw_ops.ReluGrad(gradients=dy, features=saved.output)]
+            if max_value is None:
+                return [tf.raw_ops.ReluGrad(gradients=dy, features=saved.output)]
+            inside = (saved.output > 0) & (saved.output < max_value)
+            return [dy * tf.cast(inside, dy.dtype)]
         return [dy * tf.cast(saved.mask, dy.dtype)]
 
     record_backward("memgrad_MaskedRelu", y, [x], backward)
@@ -76,15 +87,21 @@ def masked_relu(x):
 class ReLU(keras.layers.ReLU):
     """`keras.layers.ReLU` that keeps a 1-byte mask instead of its float output.
 
-    The plain ReLU (``max_value=None``, ``negative_slope=0``, ``threshold=0``) uses
-    the mask; other settings fall back to Keras's computation.
+    The plain ReLU (``negative_slope=0``, ``threshold=0``) and the clipped one
+    (``max_value``, e.g. MobileNet's ``ReLU(6.0)``) use the mask; other settings
+    are rejected (`convert` leaves those layers to Keras and says so).
 
     Example:
       >>> ReLU()(tf.constant([-1.0, 2.0])).numpy()
       array([0., 2.], dtype=float32)
     """
 
+    def _check_supported(self):
+        if self.negative_slope != 0 or self.threshold != 0:
+            raise ValueError("memgrad's ReLU keeps a mask for negative_slope=0 and threshold=0. Received: "
+                             f"negative_slope={self.negative_slope}, threshold={self.threshold}")
+
     def call(self, inputs):
-        if self.max_value is None and self.negative_slope == 0 and self.threshold == 0:
-            return masked_relu(tf.convert_to_tensor(inputs))
+        if self.negative_slope == 0 and self.threshold == 0:
+            return masked_relu(tf.convert_to_tensor(inputs), self.max_value)
         return super().call(inputs)
