@@ -143,7 +143,10 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
 
     Each point's step runs ``repeats`` times under TensorFlow's profiler: the step with the
     highest peak gives the point's peak, its memory by category and, with ``top``, its largest
-    tensors (one and the same step). Then the step is timed (`time_step`).
+    tensors (one and the same step). The strategies' steps at one (depth, batch size) stay
+    alive until all are profiled (the others' weights and inputs are left out of each one's
+    figures; one that runs out of memory is profiled again alone), then are timed side by
+    side (`time_steps`).
 
     Args:
       spec: a `memgrad.cli.sweep.ModelSpec`.
@@ -182,37 +185,55 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
     return rows
 
 
-def time_step(step, inputs, first_s, rounds=5, round_s=0.05):
-    """Median time per step over ``rounds`` timed rounds of at least ``round_s`` seconds each.
+def time_steps(entries, rounds=7, round_s=0.1):
+    """Times steps side by side: each round runs every step in turn, so the steps share the
+    machine's slow and fast moments and their ratios hold still.
 
     Args:
-      step: the step (already traced).
-      inputs: its arguments.
-      first_s: a first estimate of one step's time, which sets the steps per round.
-      rounds: timed rounds (three at most for a step slower than 0.4 s).
-      round_s: the least time a round lasts.
+      entries: ``(step, inputs, first_s)`` per step: the step (already traced), its
+        arguments and a first estimate of one call's time, which sets its calls per round.
+      rounds: timed rounds (three at most when a step is slower than 0.4 s).
+      round_s: the least time each step runs per round.
 
     Returns:
-      ``(seconds per step, spread)``: the median of the rounds' means, and their spread
-      (largest minus smallest mean, over the median).
+      ``[(seconds per step, spread, round means)]`` in the order of ``entries``: the median
+      of the step's round means, their spread (largest minus smallest mean, over the median),
+      and the means themselves.
     """
     import statistics
     import time
 
     from memgrad._src.profiler.measure import _sync
 
-    per_round = max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1))
-    if first_s > 0.4:  # a step of seconds varies little from one to the next: three rounds do
+    if not entries:
+        return []
+    per_round = [max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1)) for _, _, first_s in entries]
+    if max(first_s for _, _, first_s in entries) > 0.4:  # steps of seconds vary little: three rounds do
         rounds = min(rounds, 3)
-    means = []
+    means = [[] for _ in entries]
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(per_round):
-            step(*inputs)
-        _sync()
-        means.append((time.perf_counter() - start) / per_round)
-    median = statistics.median(means)
-    return median, (max(means) - min(means)) / median if median else 0.0
+        for index, (step, inputs, _) in enumerate(entries):
+            start = time.perf_counter()
+            for _ in range(per_round[index]):
+                step(*inputs)
+            _sync()
+            means[index].append((time.perf_counter() - start) / per_round[index])
+    results = []
+    for found in means:
+        median = statistics.median(found)
+        results.append((median, (max(found) - min(found)) / median if median else 0.0, found))
+    return results
+
+
+def _held_bytes(workloads) -> int:
+    """Bytes of the weights and inputs of workloads kept alive for timing."""
+    import numpy as np
+
+    total = 0
+    for _, _, inputs, model in workloads:
+        total += sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights)
+        total += sum(int(t.numpy().nbytes) for t in inputs)
+    return total
 
 
 def _profile_point(step, inputs, model, device, repeats, k):
@@ -248,6 +269,10 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
 
     for depth in depths:
         for batch_size in batch_sizes:
+            # The point's workloads stay alive until all are measured, then they are timed side
+            # by side. Another's weights and inputs are left out of a strategy's figures.
+            kept = []  # (row, step, inputs, model) that fitted
+            first = {}  # id(row) -> a first estimate of one step's time
             for strategy in strategies:
                 if bar is not None:
                     bar.set_postfix_str(f"{strategy} depth={depth} batch={batch_size}")
@@ -258,35 +283,63 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 listed = top is not None and (depth, batch_size) == tuple(top[:2])
                 k = top[2] if listed else 1
                 try:
-                    split, seconds = _profile_point(step, inputs, model, device, repeats, k)
-                    seconds, spread = time_step(step, inputs, seconds)
+                    split, first_s = _profile_point(step, inputs, model, device, repeats, k)
                 except tf.errors.ResourceExhaustedError:
+                    if kept:  # maybe the other workloads filled the device: alone, once more
+                        kept.clear()
+                        sweep.release()
+                    try:
+                        split, first_s = _profile_point(step, inputs, model, device, repeats, k)
+                    except tf.errors.ResourceExhaustedError:
+                        split = None
+                if split is None:
                     row["out_of_memory"] = True
                     found = oom_report(step, inputs, weights=model.weights, k=5, device=device)
                     row["oom_report"] = None if found is None else found.as_dict()
                 else:
-                    row.update(peak_bytes=split.peak_bytes,
+                    held = _held_bytes(kept)
+                    categories = {name: split.as_dict()[name] for name in CATEGORIES}
+                    categories["inputs_and_other"] = max(categories["inputs_and_other"] - held, 0)
+                    row.update(peak_bytes=split.peak_bytes - held,
                                peak_above_baseline_bytes=split.peak_bytes - split.baseline_bytes,
-                               ms_per_step=seconds * 1e3, time_spread=spread,
-                               categories={name: split.as_dict()[name] for name in CATEGORIES})
+                               categories=categories)
                     if listed:
                         row["top"] = {"peak_above_baseline_bytes": split.peak_bytes - split.baseline_bytes,
                                       "tensors": [t.as_dict() for t in split.tensors]}
+                    kept.append((row, step, inputs, model))
+                    first[id(row)] = first_s
                 rows.append(row)
                 del step, inputs, model
-                sweep.release()
                 if bar is not None:
                     bar.update()
+            timed = time_steps([(step, inputs, first[id(row)]) for row, step, inputs, _ in kept])
+            for (row, _, _, _), (seconds, spread, means) in zip(kept, timed):
+                row.update(ms_per_step=seconds * 1e3, time_spread=spread, _round_means=means)
+            kept.clear()
+            sweep.release()
 
 
 def _add_ratios(rows):
+    """Each row's memory and time relative to plain backprop at the same point.
+
+    The time overhead is the median over the timed rounds of the row's mean over plain's in the
+    same round (the steps were timed side by side), or the ratio of medians without rounds.
+    """
+    import statistics
+
     plain = {(r["depth"], r["batch_size"]): r for r in rows if r["strategy"] == "plain"}
     for row in rows:
         base = plain.get((row["depth"], row["batch_size"]))
         usable = base is not None and not base["out_of_memory"] and not row["out_of_memory"]
         row["memory_ratio"] = (row["peak_above_baseline_bytes"] / base["peak_above_baseline_bytes"]
                                if usable and base["peak_above_baseline_bytes"] else None)
-        row["time_overhead"] = row["ms_per_step"] / base["ms_per_step"] if usable else None
+        rounds, base_rounds = row.get("_round_means"), base.get("_round_means") if base else None
+        if usable and rounds and base_rounds and len(rounds) == len(base_rounds):
+            row["time_overhead"] = statistics.median(a / b for a, b in zip(rounds, base_rounds))
+        else:
+            row["time_overhead"] = row["ms_per_step"] / base["ms_per_step"] if usable else None
+    for row in rows:
+        row.pop("_round_means", None)
 
 
 def find_budget_batches(spec, strategies, depth, rows, budget):
