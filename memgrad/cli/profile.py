@@ -143,10 +143,9 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
 
     Each point's step runs ``repeats`` times under TensorFlow's profiler: the step with the
     highest peak gives the point's peak, its memory by category and, with ``top``, its largest
-    tensors (one and the same step). The strategies' steps at one (depth, batch size) stay
-    alive until all are profiled (the others' weights and inputs are left out of each one's
-    figures; one that runs out of memory is profiled again alone), then are timed side by
-    side (`time_steps`).
+    tensors (one and the same step). Each workload is profiled alone. Steps faster than
+    `FAST_STEP_S` are then rebuilt and timed side by side with the point's other strategies
+    (`time_steps`), slower ones alone right after profiling.
 
     Args:
       spec: a `memgrad.cli.sweep.ModelSpec`.
@@ -211,29 +210,24 @@ def time_steps(entries, rounds=7, round_s=0.1):
     if max(first_s for _, _, first_s in entries) > 0.4:  # steps of seconds vary little: three rounds do
         rounds = min(rounds, 3)
     means = [[] for _ in entries]
-    for _ in range(rounds):
-        for index, (step, inputs, _) in enumerate(entries):
-            start = time.perf_counter()
-            for _ in range(per_round[index]):
-                step(*inputs)
-            _sync()
-            means[index].append((time.perf_counter() - start) / per_round[index])
+    collecting = gc.isenabled()
+    gc.disable()  # as timeit does: no collector pause lands in one strategy's round
+    try:
+        for _ in range(rounds):
+            for index, (step, inputs, _) in enumerate(entries):
+                start = time.perf_counter()
+                for _ in range(per_round[index]):
+                    step(*inputs)
+                _sync()
+                means[index].append((time.perf_counter() - start) / per_round[index])
+    finally:
+        if collecting:
+            gc.enable()
     results = []
     for found in means:
         median = statistics.median(found)
         results.append((median, (max(found) - min(found)) / median if median else 0.0, found))
     return results
-
-
-def _held_bytes(workloads) -> int:
-    """Bytes of the weights and inputs of workloads kept alive for timing."""
-    import numpy as np
-
-    total = 0
-    for _, _, inputs, model in workloads:
-        total += sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights)
-        total += sum(int(t.numpy().nbytes) for t in inputs)
-    return total
 
 
 def _profile_point(step, inputs, model, device, repeats, k):
@@ -269,13 +263,12 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
 
     for depth in depths:
         for batch_size in batch_sizes:
-            # The point's workloads stay alive until all are measured, then they are timed side
-            # by side. Another's weights and inputs are left out of a strategy's figures.
-            kept = []  # (row, step, inputs, model) that fitted
-            first = {}  # id(row) -> a first estimate of one step's time
+            fast = []  # rows of steps under FAST_STEP_S: timed side by side once all are profiled
             for strategy in strategies:
                 if bar is not None:
                     bar.set_postfix_str(f"{strategy} depth={depth} batch={batch_size}")
+                # Each workload is profiled alone: another one alive would change the allocator's
+                # layout (and so the peak: BFC rounds a buffer up to its chunk) and fill the device.
                 step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
                 row = {"model": spec.source, "strategy": strategy, "depth": depth, "batch_size": batch_size,
                        "peak_bytes": None, "peak_above_baseline_bytes": None, "ms_per_step": None,
@@ -285,38 +278,66 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 try:
                     split, first_s = _profile_point(step, inputs, model, device, repeats, k)
                 except tf.errors.ResourceExhaustedError:
-                    if kept:  # maybe the other workloads filled the device: alone, once more
-                        kept.clear()
-                        sweep.release()
-                    try:
-                        split, first_s = _profile_point(step, inputs, model, device, repeats, k)
-                    except tf.errors.ResourceExhaustedError:
-                        split = None
-                if split is None:
                     row["out_of_memory"] = True
                     found = oom_report(step, inputs, weights=model.weights, k=5, device=device)
                     row["oom_report"] = None if found is None else found.as_dict()
                 else:
-                    held = _held_bytes(kept)
-                    categories = {name: split.as_dict()[name] for name in CATEGORIES}
-                    categories["inputs_and_other"] = max(categories["inputs_and_other"] - held, 0)
-                    row.update(peak_bytes=split.peak_bytes - held,
+                    row.update(peak_bytes=split.peak_bytes,
                                peak_above_baseline_bytes=split.peak_bytes - split.baseline_bytes,
-                               categories=categories)
+                               categories={name: split.as_dict()[name] for name in CATEGORIES})
                     if listed:
                         row["top"] = {"peak_above_baseline_bytes": split.peak_bytes - split.baseline_bytes,
                                       "tensors": [t.as_dict() for t in split.tensors]}
-                    kept.append((row, step, inputs, model))
-                    first[id(row)] = first_s
+                    if first_s < FAST_STEP_S:
+                        fast.append((row, first_s))
+                    else:  # a slow step's time varies little: timed alone, now
+                        ((seconds, spread, _),) = time_steps([(step, inputs, first_s)])
+                        row.update(ms_per_step=seconds * 1e3, time_spread=spread)
                 rows.append(row)
                 del step, inputs, model
+                sweep.release()
                 if bar is not None:
                     bar.update()
-            timed = time_steps([(step, inputs, first[id(row)]) for row, step, inputs, _ in kept])
-            for (row, _, _, _), (seconds, spread, means) in zip(kept, timed):
-                row.update(ms_per_step=seconds * 1e3, time_spread=spread, _round_means=means)
-            kept.clear()
+            _time_side_by_side(spec, depth, batch_size, fast)
+
+
+FAST_STEP_S = 0.2  # steps faster than this are timed side by side (rebuilt after profiling)
+
+
+def _time_side_by_side(spec, depth, batch_size, fast):
+    """Rebuilds the fast steps of one point and times them together (`time_steps`); each row
+    gets ``ms_per_step``, ``time_spread`` and its round means for a paired overhead. If they do
+    not fit together, each is timed alone."""
+    import tensorflow as tf
+
+    from memgrad.cli import sweep
+
+    if not fast:
+        return
+    group = object()
+    workloads = []
+    try:
+        for row, first_s in fast:
+            step, inputs, model = sweep.workload(spec, row["strategy"], depth, batch_size)
+            for _ in range(3):  # traces, then warms up (the allocator grows its regions at first)
+                step(*inputs)
+            workloads.append((row, step, inputs, model, first_s))
+        timed = time_steps([(step, inputs, first_s) for _, step, inputs, _, first_s in workloads])
+    except tf.errors.ResourceExhaustedError:
+        workloads.clear()
+        sweep.release()
+        for row, first_s in fast:
+            step, inputs, model = sweep.workload(spec, row["strategy"], depth, batch_size)
+            step(*inputs)
+            ((seconds, spread, _),) = time_steps([(step, inputs, first_s)])
+            row.update(ms_per_step=seconds * 1e3, time_spread=spread)
+            del step, inputs, model
             sweep.release()
+        return
+    for (row, *_), (seconds, spread, means) in zip(workloads, timed):
+        row.update(ms_per_step=seconds * 1e3, time_spread=spread, _round_means=means, _timed_with=group)
+    workloads.clear()
+    sweep.release()
 
 
 def _add_ratios(rows):
@@ -334,12 +355,14 @@ def _add_ratios(rows):
         row["memory_ratio"] = (row["peak_above_baseline_bytes"] / base["peak_above_baseline_bytes"]
                                if usable and base["peak_above_baseline_bytes"] else None)
         rounds, base_rounds = row.get("_round_means"), base.get("_round_means") if base else None
-        if usable and rounds and base_rounds and len(rounds) == len(base_rounds):
+        together = base is not None and row.get("_timed_with") is not None and row.get("_timed_with") is base.get("_timed_with")
+        if usable and together and rounds and base_rounds and len(rounds) == len(base_rounds):
             row["time_overhead"] = statistics.median(a / b for a, b in zip(rounds, base_rounds))
         else:
             row["time_overhead"] = row["ms_per_step"] / base["ms_per_step"] if usable else None
     for row in rows:
         row.pop("_round_means", None)
+        row.pop("_timed_with", None)
 
 
 def find_budget_batches(spec, strategies, depth, rows, budget):
