@@ -111,6 +111,25 @@ def test_max_batch_size_stops_within_the_tolerance(monkeypatch):
     assert 0.95 * 610 <= search.batch_size <= 610 < failing <= search.batch_size * 1.05 + 1
 
 
+def test_max_batch_size_takes_few_probes_when_the_extrapolation_is_too_cautious(monkeypatch):
+    """Peaks that sit near the cap whatever the batch (an allocator that grows by whole
+    regions) make every aim land just above the largest fit: the search must still take a
+    logarithmic number of probes, not one per 5% of the way (it once took about 70)."""
+    calls = []
+
+    def fake_run(target, limit, kwargs, timeout):
+        batch = kwargs["batch_size"]
+        calls.append(batch)
+        fits = batch <= 40000
+        return emulated.CappedRun(target, kwargs, 2**30, fits, int(0.99 * 2**30) if fits else None, "", 0.0)
+
+    monkeypatch.setattr(emulated, "run_capped", fake_run)
+    search = memgrad.profiler.max_batch_size(HOLD, "1GiB", start=2000, rtol=0.05, high=1 << 16)
+    failing = min(run.kwargs["batch_size"] for run in search.probes if not run.fits)
+    assert 0.95 * 40000 <= search.batch_size <= 40000 < failing <= search.batch_size * 1.05 + 1
+    assert len(calls) == len(set(calls)) <= 16, calls
+
+
 @pytest.mark.parametrize("arguments, match", [({"start": 0}, "start"), ({"start": 10, "high": 5}, "start"),
                                               ({"rtol": 1.5}, "rtol")])
 def test_max_batch_size_rejects_a_bad_guess_or_tolerance(arguments, match):

@@ -65,7 +65,12 @@ def test_pooling_and_dropout_tape_holds_less_than_keras(name):
         assert tape.gradient(loss, x) is not None
         return held
 
-    keras_held, memgrad_held = held_by_tape(make(keras.layers)), held_by_tape(make(memgrad.selective))
+    # The least of three: what the tape keeps is the same each time; the allocator's chunk
+    # rounding in a long-running test process only adds to it (one full run read 2.39 MiB for
+    # memgrad's pools where a fresh process reads 1.56).
+    keras_layers, memgrad_layers = make(keras.layers), make(memgrad.selective)
+    keras_held = min(held_by_tape(keras_layers) for _ in range(3))
+    memgrad_held = min(held_by_tape(memgrad_layers) for _ in range(3))
     print(f"\n{name}: tape holds {memgrad_held / 2**20:.2f} MiB (memgrad) vs {keras_held / 2**20:.2f} MiB (Keras)")
     limit = 0.35 if name == "MaxPooling2D" else 0.1
     assert memgrad_held <= limit * keras_held, f"{memgrad_held / 2**20:.2f} vs {keras_held / 2**20:.2f} MiB"

@@ -221,25 +221,36 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
             return BatchSearch(0, limit_bytes, tuple(probes))
         else:
             bad, candidate = candidate, max(low, candidate // 2)
-    boost = 1  # grows each time the extrapolation proves too cautious
+    # An extrapolation can be too cautious (peaks that do not grow in proportion to the batch,
+    # e.g. an allocator that grows by whole regions): while nothing failed, the least step grows
+    # 4x per fitting probe; after a failure, a probe that fitted but moved less than a quarter
+    # of the gap makes the next one move at least a quarter. Either way O(log) probes.
+    boost, creeping = 1, False
     while good < high and (bad is None or bad - good > max(1, rtol * good)):
         step = max(1, int(rtol * good))
         upper = high if bad is None else bad - 1
         if start is None:  # plain doubling, then bisection
             candidate = min(good * 2, high) if bad is None else (good + bad) // 2
-        else:  # aim at the extrapolated limit
+        elif bad is None:  # aim at the extrapolated limit
             aim = estimate() if peaks else good * 2
-            if aim > good and (bad is None or aim < bad):
+            candidate, boost = max(aim, good + step * boost), boost * 4
+        else:  # between the largest fit and the smallest failure
+            aim = estimate() if peaks else (good + bad) // 2
+            if creeping:
+                candidate = max(aim, good + (bad - good) // 4)
+            elif good < aim < bad:
                 candidate = aim
-            elif bad is None or aim <= good:
+            elif aim <= good:
                 candidate, boost = good + step * boost, boost * 4
             else:
                 candidate = (good + bad) // 2
-            candidate = min(max(candidate, good + step), upper)
+        candidate = min(max(candidate, good + step), upper)
         if candidate <= good:
             break
+        before = good
         if fits_and_record(candidate):
             good = candidate
-        else:
-            bad = candidate
+            creeping = bad is not None and candidate - before < (bad - before) / 4
+        else:  # from here on the search closes in: the least step starts again from one
+            bad, creeping, boost = candidate, False, 1
     return BatchSearch(good, limit_bytes, tuple(probes))
