@@ -48,8 +48,10 @@ def format_categories(rows, depth, batch_size) -> str:
 
 
 def _tensor_lines(tensors) -> list:
-    return [f"  {format_bytes(t['bytes']):>11}  {t['dtype']:<9} {t['shape']:<20} {t['layer'] or t['op']}"
-            + (f"  [{t['category']}]" if t.get("category") else "") for t in tensors]
+    """The profiler's lines for tensors in their JSON form (`LiveTensor.as_dict`)."""
+    from memgrad._src.profiler.live import LiveTensor, _tensor_line
+
+    return [_tensor_line(LiveTensor(**t)) for t in tensors]
 
 
 def format_top(strategy, found) -> str:

@@ -22,8 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.arguments import positional_args
-from memgrad._src.profiler.measure import _memory_info, _sync, _warn_if_coarse, resolve_device
+from memgrad._src.profiler.measure import _memory_info, _sync, prepare_call
 from memgrad._src.units import format_bytes
 
 
@@ -316,17 +315,10 @@ def _profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
     return events, baseline, error
 
 
-def _check_call(fn, args, kwargs, k, device):
-    if not callable(fn):
-        raise TypeError(f"Expected a callable to profile. Received: {fn!r}")
+def _check_call(fn, args, kwargs, k, device, name):
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"Expected k to be an int >= 1. Received: {k!r}")
-    args = positional_args(args)
-    kwargs = dict(kwargs or {})
-    device = resolve_device(device)
-    _memory_info(device)
-    _warn_if_coarse(device)
-    return args, kwargs, device
+    return prepare_call(fn, args, kwargs, device, name)
 
 
 def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=1) -> PeakTensors:
@@ -362,7 +354,7 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
       >>> top.tensors[0].shape
       '[512,512]'
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "largest_live_tensors")
     events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
     return dataclasses.replace(replay(events, k), baseline_bytes=baseline)
 
@@ -376,9 +368,16 @@ def _shape_text(variable) -> str:
     return "[" + ",".join(str(int(d)) for d in variable.shape) + "]"
 
 
-def _categorize(alive, trainable, baseline, weights_bytes, optimizer_bytes, peak_usage, device, k,
-                optimizer_scopes=(), released=0):
-    """`MemoryCategories` of the buffers ``alive`` at the peak (``(LiveTensor, allocated)`` pairs)."""
+def _categorize(events, baseline, weights, optimizer_variables, device, k):
+    """`MemoryCategories` of a profiled call: its allocation ``events`` replayed to the peak,
+    the usage ``baseline`` before it, and the caller's ``weights`` and ``optimizer_variables``."""
+    peak_usage, alive, released = _replay_live(events)
+    peak_usage = max(peak_usage, baseline)
+    trainable = [v for v in weights if getattr(v, "trainable", True)]
+    weights_bytes = sum(map(_variable_bytes, weights))
+    optimizer_bytes = sum(map(_variable_bytes, optimizer_variables))
+    # Keras optimizers run under their own name scope ("adam/..."), where their variables live.
+    optimizer_scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables} - {""}
     unmatched = collections.Counter((_shape_text(v), tf.as_dtype(v.dtype).name) for v in trainable)
     totals = collections.Counter()
     labelled = []
@@ -404,13 +403,17 @@ def _categorize(alive, trainable, baseline, weights_bytes, optimizer_bytes, peak
         tensors=tuple(labelled[:k]))
 
 
-def _variables(values, what):
-    values = list(values or ())
-    for value in values:
-        if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "assign")):
-            raise TypeError(f"Expected {what} to be variables (tf.Variable or keras.Variable). "
-                            f"Received: {value!r}")
-    return values
+def _variables(weights, optimizer_variables):
+    """``weights`` and ``optimizer_variables`` as lists, or a `TypeError` naming the bad one."""
+    checked = []
+    for values, what in ((weights, "weights"), (optimizer_variables, "optimizer_variables")):
+        values = list(values or ())
+        for value in values:
+            if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "assign")):
+                raise TypeError(f"Expected {what} to be variables (tf.Variable or keras.Variable). "
+                                f"Received: {value!r}")
+        checked.append(values)
+    return checked
 
 
 def memory_by_category(fn, args=(), kwargs=None, *, weights=(), optimizer_variables=(), k=10,
@@ -458,17 +461,10 @@ def memory_by_category(fn, args=(), kwargs=None, *, weights=(), optimizer_variab
       >>> split.activations > 0 and split.weights == 4 * (64 * 64 + 64 + 64 + 1)
       True
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
-    weights = _variables(weights, "weights")
-    optimizer_variables = _variables(optimizer_variables, "optimizer_variables")
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "memory_by_category")
+    weights, optimizer_variables = _variables(weights, optimizer_variables)
     events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
-    peak_usage, alive, released = _replay_live(events)
-    trainable = [v for v in weights if getattr(v, "trainable", True)]
-    # Keras optimizers run under their own name scope ("adam/..."), where their variables live.
-    scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
-    return _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
-                       sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device, k,
-                       optimizer_scopes=scopes - {""}, released=released)
+    return _categorize(events, baseline, weights, optimizer_variables, device, k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,18 +551,12 @@ def oom_report(fn, args=(), kwargs=None, *, k=10, device=None, weights=(), optim
       >>> report is None  # it fits
       True
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device)
-    weights = _variables(weights, "weights")
-    optimizer_variables = _variables(optimizer_variables, "optimizer_variables")
+    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "oom_report")
+    weights, optimizer_variables = _variables(weights, optimizer_variables)
     events, baseline, error = _profiled_call(fn, args, kwargs, device, warmup, raise_oom=False)
     if error is None:
         return None
-    peak_usage, alive, released = _replay_live(events)
-    trainable = [v for v in weights if getattr(v, "trainable", True)]
-    scopes = {str(getattr(v, "path", None) or v.name).split("/")[0] for v in optimizer_variables}
-    memory = _categorize(alive, trainable, baseline, sum(map(_variable_bytes, weights)),
-                         sum(map(_variable_bytes, optimizer_variables)), max(peak_usage, baseline), device,
-                         k, optimizer_scopes=scopes - {""}, released=released)
+    memory = _categorize(events, baseline, weights, optimizer_variables, device, k)
     return OutOfMemoryReport(device=device, message=_first_line(error), memory=memory)
 
 

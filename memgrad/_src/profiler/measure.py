@@ -113,6 +113,20 @@ def _sync() -> None:
         sync()
 
 
+def prepare_call(fn, args, kwargs, device, name="measure"):
+    """Checks a call to measure or profile (``name`` is the caller, for the error):
+    ``(args, kwargs, device)`` normalised, after making sure the device keeps statistics
+    (before any work) and warning once if they are coarse."""
+    if not callable(fn):
+        raise TypeError(f"{name}() expected a callable to measure. Received: {fn!r}")
+    args = positional_args(args)
+    kwargs = dict(kwargs or {})
+    device = resolve_device(device)
+    _memory_info(device)
+    _warn_if_coarse(device)
+    return args, kwargs, device
+
+
 def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> MemoryReport:
     """Measures the peak tensor memory and wall time of ``fn(*args, **kwargs)``.
 
@@ -148,17 +162,11 @@ def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> Me
       >>> report.peak_above_baseline_bytes > 0
       True
     """
-    if not callable(fn):
-        raise TypeError(f"measure() expected a callable to measure. Received: {fn!r}")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"Expected warmup to be an int >= 0. Received: {warmup!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
-    args = positional_args(args)
-    kwargs = dict(kwargs or {})
-    device = resolve_device(device)
-    _memory_info(device)  # fail early, before any work, if there are no stats
-    _warn_if_coarse(device)
+    args, kwargs, device = prepare_call(fn, args, kwargs, device)
 
     with tf.device(device):
         for _ in range(warmup):
