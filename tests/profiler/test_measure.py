@@ -8,55 +8,28 @@ import tensorflow as tf
 
 import memgrad
 from memgrad._src.profiler import MemoryStatsUnavailableError, format_bytes, parse_bytes, resolve_device
+from tests.profiler.measure_probe import ACTIVATION_BYTES, BATCH, KEPT, WIDTH
 
-BATCH, WIDTH, KEPT = 256, 1024, 32
-ACTIVATION_BYTES = BATCH * WIDTH * 4
-
-
-@tf.function
-def keep_chain(x):
-    """A chain whose KEPT activations are all returned, hence all alive at the end."""
-    outputs, h = [], x
-    for _ in range(KEPT):
-        h = tf.tanh(h)
-        outputs.append(h)
-    return outputs
+# Measured in a fresh process (tests/profiler/measure_probe.py): the allocator's history in a
+# long process moves small peaks by a chunk.
+FRESH_PROCESSES = {"keep chain": dict(target="tests.profiler.measure_probe:keep_chain_reports", timeout=300)}
 
 
 @pytest.mark.memory
-def test_peak_matches_analytic_bytes_of_kept_activations():
-    x = tf.random.normal([BATCH, WIDTH])
-    report = memgrad.profiler.measure(keep_chain, args=(x,), device="CPU:0")
+def test_peak_matches_analytic_bytes_of_kept_activations(fresh_results):
+    report = fresh_results["keep chain"]["large"]
     expected = KEPT * ACTIVATION_BYTES
-    assert report.peak_above_baseline_bytes == pytest.approx(expected, rel=0.10)
-    assert report.baseline_bytes >= ACTIVATION_BYTES  # the input is live before the call
-    assert report.peak_bytes == report.baseline_bytes + report.peak_above_baseline_bytes
-    assert report.device == "CPU:0"
-    assert report.wall_time_s > 0
-
-
-_SCALING_SCRIPT = textwrap.dedent("""
-    import os
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    import tensorflow as tf
-    import memgrad
-    from tests.profiler.test_measure import BATCH, WIDTH, keep_chain
-    x = tf.random.normal([BATCH, WIDTH])
-    small = memgrad.profiler.measure(tf.function(lambda x: [tf.tanh(x), tf.tanh(x) * 2.0]), args=(x,))
-    large = memgrad.profiler.measure(keep_chain, args=(x,))
-    print(large.peak_above_baseline_bytes / small.peak_above_baseline_bytes)
-""")
+    assert report["peak_above_baseline_bytes"] == pytest.approx(expected, rel=0.10)
+    assert report["baseline_bytes"] >= ACTIVATION_BYTES  # the input is live before the call
+    assert report["peak_bytes"] == report["baseline_bytes"] + report["peak_above_baseline_bytes"]
+    assert report["device"] == "CPU:0"
+    assert report["wall_time_s"] > 0
 
 
 @pytest.mark.memory
-def test_peak_scales_with_what_the_call_keeps():
-    # A fresh process: the BFC allocator's slack (chunks handed out unsplit) depends on what
-    # earlier tests allocated, and a 2-tensor peak is small enough for that to show.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", _SCALING_SCRIPT], capture_output=True,
-                         text=True, cwd=root, timeout=300, check=True)
-    ratio = float(out.stdout.strip().splitlines()[-1])
+def test_peak_scales_with_what_the_call_keeps(fresh_results):
+    large, small = fresh_results["keep chain"]["large"], fresh_results["keep chain"]["small"]
+    ratio = large["peak_above_baseline_bytes"] / small["peak_above_baseline_bytes"]
     assert ratio == pytest.approx(KEPT / 2, rel=0.10)
 
 

@@ -1,7 +1,7 @@
 """Peak memory of one training step, reversible vs plain, at several depths (a fresh-process probe).
 
-`peaks(kinds, depths)` is called in a fresh process by test_memory.py with oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1, no
-BFC): every
+`peaks(kinds, depths)` is called in a fresh process by test_memory.py with oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1,
+TF_CPU_ALLOCATOR_USE_BFC=false): every
 tensor here is at least 1 MiB, which that allocator counts exactly, whereas the BFC
 allocator also counts the slack of chunks it hands out unsplit (up to 2x a request).
 """
