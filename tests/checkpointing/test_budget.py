@@ -2,6 +2,7 @@
 spacing and against brute force, the error for budgets no plan fits, and the entry points."""
 
 import itertools
+import re
 
 import keras
 import numpy as np
@@ -136,6 +137,29 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
     assert log[-1].plan.details["predicted_bytes"] <= smallest * 1.001
     with pytest.raises(memgrad.BudgetError):
         step(memgrad.strategies.Budget(int(smallest * 0.98), margin=0.0))
+
+
+def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits():
+    weights, loss_fn_, shape = WORKLOADS["tanh_chain"](batch=256)
+    x = tf.ones(shape)
+
+    def step(budget):
+        @tf.function
+        def fn(x):
+            return memgrad.gradients(loss_fn_(x), weights, checkpoints=budget)
+        return fn.get_concrete_function(x)
+
+    with pytest.raises(memgrad.BudgetError, match=r"Expected a fraction of at least 0\.\d+") as info:
+        step(memgrad.strategies.Budget(0.01, margin=0.0))
+    assert "Budget(0.01)" in str(info.value)
+    smallest = float(re.search(r"a fraction of at least ([0-9.]+)", str(info.value)).group(1))
+    assert 0.01 < smallest < 1.0
+    with memgrad.record_rewrites() as log:
+        step(memgrad.strategies.Budget(smallest, margin=0.0))  # the fraction named fits
+    details = log[-1].plan.details
+    assert details["predicted_bytes"] <= smallest * details["plain_bytes"]
+    with pytest.raises(memgrad.BudgetError):
+        step(memgrad.strategies.Budget(smallest * 0.97, margin=0.0))
 
 
 def _model_of(loss_fn_, weights, shape):

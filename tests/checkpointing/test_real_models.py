@@ -78,3 +78,26 @@ def test_convnext_fit_hook_takes_plain_autodiffs_step(convnext):
     steps = [(start[id(v)] - h) / LEARNING_RATE
              for v, h in zip(model.trainable_variables, hooked.trainable_variables)]
     assert max_relative_error(reference, steps) <= 1e-4
+
+
+def _layer_names(model):
+    """Every layer's name, nested models' included."""
+    names = set()
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        names.add(layer.name)
+    return names
+
+
+def test_analyze_names_the_layers_the_checkpoints_come_out_of(convnext):
+    model, x, y, _, _ = convnext
+    report = memgrad.analyze(lambda x, y: _loss(model, x, y), args=(x, y), budget_points=0)
+    assert report.checkpoints and len(report.checkpoint_layers) == len(report.checkpoints)
+    known = _layer_names(model)
+    for layer in report.checkpoint_layers:
+        last = layer.split("/")[-1]
+        # A layer called again in one graph gets a numbered name scope ("..._1").
+        assert last in known or last.rsplit("_", 1)[0] in known, (layer, report.checkpoints)
+    assert any("stage" in layer for layer in report.checkpoint_layers), report.checkpoint_layers
+    line = next(line for line in report.summary().splitlines() if line.startswith("kept after layers"))
+    assert report.checkpoint_layers[0] in line
+    print(report.summary())

@@ -1,6 +1,7 @@
 """`memgrad.analyze`: what the checkpoint rewrite would see and choose, without running it."""
 
 import dataclasses
+import re
 import time
 
 import tensorflow as tf
@@ -9,6 +10,7 @@ from memgrad._src.checkpointing.budget import budget_curve
 from memgrad._src.checkpointing.strategies import choose
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.view import ForwardGraph
+from memgrad._src.profiler.live import layer_of
 from memgrad._src.arguments import positional_args
 from memgrad._src.units import format_bytes
 
@@ -23,6 +25,9 @@ class Analysis:
       activation_ops: forward ops carrying activations (not parameter arithmetic).
       separators: names of single-tensor separators, in forward order.
       checkpoints: names of the tensors the strategy keeps, in forward order.
+      checkpoint_layers: the layer (name scope) each checkpoint comes out of, in the same
+        order, e.g. ``'resnet50/conv3_block1_out'`` for a Keras model's layer; a tensor made
+        outside any layer gives its op's name.
       segments: how many segments the checkpoints cut the forward pass into.
       activation_bytes: estimated activation bytes plain backprop may keep.
       estimated_bytes: estimated activation peak with the chosen checkpoints.
@@ -53,6 +58,7 @@ class Analysis:
     plain_predicted_bytes: float = 0.0
     recomputed_flops: float = 0.0
     curve: list = dataclasses.field(default_factory=list)
+    checkpoint_layers: list = dataclasses.field(default_factory=list)
 
     @property
     def estimated_ratio(self):
@@ -80,6 +86,7 @@ class Analysis:
             f"separators found:       {len(self.separators)}: {names(self.separators)}",
             f"checkpoints chosen:     {len(self.checkpoints)} ({self.plan.mode}), "
             f"{self.segments} segments: {names(self.checkpoints)}",
+            f"kept after layers:      {names(_unique(self.checkpoint_layers))}",
             f"activation memory:      {format_bytes(self.activation_bytes)} without, "
             f"{format_bytes(self.estimated_bytes)} with checkpoints "
             f"({self.estimated_ratio:.2f}x, estimated)",
@@ -105,6 +112,26 @@ class Analysis:
 
     def __str__(self):
         return self.summary()
+
+
+def _unique(items):
+    """`items` without repeats, in order."""
+    return list(dict.fromkeys(items))
+
+
+_HELPER_SCOPE = re.compile(r"^[A-Z][A-Za-z0-9]*(_\d+)?$")
+
+
+def _layer_name(tensor):
+    """The layer a tensor comes out of (its op's name scope), or its op's name.
+
+    Trailing CamelCase scopes are TensorFlow's helpers inside a layer (``Tensordot``), not
+    layers: Keras names layers in snake_case.
+    """
+    parts = layer_of(tensor.op.name).split("/")
+    while len(parts) > 1 and _HELPER_SCOPE.match(parts[-1]):
+        parts.pop()
+    return "/".join(parts) or tensor.op.name
 
 
 def _concrete(fn, args, kwargs):
@@ -230,6 +257,7 @@ def analyze(fn=None, *positional, args=None, kwargs=None, ys=None, xs=None,
         activation_ops=len(view.activation_ops),
         separators=[t.name for t in plan.separators],
         checkpoints=[t.name for t in plan.tensors],
+        checkpoint_layers=[_layer_name(t) for t in plan.tensors],
         segments=plan.segments,
         activation_bytes=plan.activation_bytes,
         estimated_bytes=plan.estimated_bytes,

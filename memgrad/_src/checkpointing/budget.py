@@ -37,30 +37,42 @@ DENSE_LIMIT = 512
 class BudgetError(ValueError):
     """No checkpoint plan fits the budget (under the memory model).
 
-    The message states the smallest budget some plan fits. Raised while a `tf.function`
-    is traced; it keeps its type through autograph's re-raise (its constructor takes the
-    message alone, which autograph requires), though not its attributes there.
+    The message states the smallest budget some plan fits, in the terms the budget was
+    given in (bytes, or a fraction). Raised while a `tf.function` is traced; it keeps its
+    type through autograph's re-raise (its constructor takes the message alone, which
+    autograph requires), though not its attributes there.
 
     Attributes:
-      budget_bytes: the budget asked for.
-      smallest_feasible_bytes: the smallest budget some plan fits.
+      budget_bytes: the budget asked for, in bytes.
+      smallest_feasible_bytes: the smallest budget some plan fits, in bytes.
+      smallest_feasible_fraction: the same as a `Budget` fraction (None for a byte budget).
       plain_bytes: the predicted peak of plain backprop.
     """
 
     __init__ = Exception.__init__  # autograph re-creates only errors built from a message
-    budget_bytes = smallest_feasible_bytes = plain_bytes = None
+    budget_bytes = smallest_feasible_bytes = smallest_feasible_fraction = plain_bytes = None
 
 
-def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0):
+def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0, fraction=None):
     held = f", with the {margin:.0%} margin" if margin else ""
+    smallest_fraction = None
+    if fraction is not None and plain_bytes > 0:
+        # Rounded up, so the fraction named fits.
+        smallest_fraction = math.ceil(smallest_feasible_bytes / plain_bytes * 1000) / 1000
+        asked = f"Budget({fraction!r}) ({format_bytes(budget_bytes)})"
+        expected = (f"a fraction of at least {smallest_fraction:g} "
+                    f"({format_bytes(smallest_feasible_bytes)})")
+    else:
+        asked = format_bytes(budget_bytes)
+        expected = f"a budget of at least {format_bytes(smallest_feasible_bytes)}"
     error = BudgetError(
-        f"No checkpoint plan fits a budget of {format_bytes(budget_bytes)} of "
-        f"activations. Expected a budget of at least {format_bytes(smallest_feasible_bytes)}"
-        f" (the smallest predicted peak of any plan{held}; plain backprop is predicted at "
-        f"{format_bytes(plain_bytes)}). Received: {format_bytes(budget_bytes)}."
+        f"No checkpoint plan fits a budget of {asked} of activations. Expected {expected}: "
+        f"the smallest predicted peak of any plan{held}; plain backprop is predicted at "
+        f"{format_bytes(plain_bytes)}. Received: {asked}."
     )
     error.budget_bytes = budget_bytes
     error.smallest_feasible_bytes = smallest_feasible_bytes
+    error.smallest_feasible_fraction = smallest_fraction
     error.plain_bytes = plain_bytes
     return error
 
@@ -265,7 +277,8 @@ class Budget(Strategy):
 
     Raises:
       TypeError, ValueError: for a limit that is neither bytes nor a fraction in (0, 1].
-      BudgetError: (when planning) if no plan fits; it states the smallest budget that does.
+      BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
+        in bytes, or as a fraction when the limit was one.
 
     Example:
       ```python
@@ -320,7 +333,7 @@ class Budget(Strategy):
         except BudgetError as error:
             raise _budget_error(
                 budget, error.smallest_feasible_bytes / (1.0 - self.margin),
-                planner.plain_bytes, margin=self.margin,
+                planner.plain_bytes, margin=self.margin, fraction=self.fraction,
             ) from None
         m = planner.model
         tensors = _absorb_bias(view, m.tensors_for(cuts))
