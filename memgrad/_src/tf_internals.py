@@ -6,7 +6,8 @@ isinstance(x, tf.Variable), tf.Module.submodules). What is left here has no publ
 equivalent: the tape's recording switches, the v1 graph-gradient builders, an op's registered
 gradient function and default-gradient rules, tf.GradientTape's own state (for the
 memgrad.GradientTape subclass), Graph._is_function, Keras's Functional class and the
-tf.Variable inside a Keras variable, the profiler's XSpace protobuf, and TFP's private
+tf.Variable inside a Keras variable, the profiler's XSpace protobuf, Grappler's optimizer and
+virtual cluster (`predict_peak`) and a resource handle's data, and TFP's private
 Chain/Invert classes and BatchNormalization's ``_training``. Each is imported through
 `_private` (or checked with `_private_member`), so a TensorFlow or Keras release that moves
 it fails at ``import memgrad`` with one clear line naming the supported versions instead of a
@@ -144,6 +145,27 @@ def request_cpu_allocator_statistics() -> bool:
         return False
     os.environ[_CPU_BFC_VARIABLE] = "true"
     return True
+
+
+def grappler():
+    """TensorFlow's graph optimizer and its virtual cluster, as ``(tf_optimizer, item,
+    cluster, device_properties_pb2)`` (imported on first use: only `predict_peak` needs
+    them). Grappler optimizes every tf.function graph before it runs; its virtual cluster
+    simulates a graph's execution and reports the peak memory."""
+    return (_private("tensorflow.python.grappler.tf_optimizer"),
+            _private("tensorflow.python.grappler.item"),
+            _private("tensorflow.python.grappler.cluster"),
+            _private("tensorflow.core.protobuf.device_properties_pb2"))
+
+
+def resource_handle_data(tensor):
+    """The (dtype, shape) of the variable a captured resource handle in a graph points to,
+    from the handle data TensorFlow attaches to it, or None."""
+    data = _private("tensorflow.python.ops.resource_variable_ops", "get_eager_safe_handle_data")(tensor)
+    if data is None or not data.is_set or not data.shape_and_type:
+        return None
+    entry = data.shape_and_type[0]
+    return tf.as_dtype(entry.dtype), tf.TensorShape(entry.shape)
 
 
 def xplane_pb2():

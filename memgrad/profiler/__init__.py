@@ -1,5 +1,6 @@
-"""memgrad's measuring instrument: the peak memory of a call, what is alive at the peak, and an
-emulated small device for "what is the largest batch that fits".
+"""memgrad's measuring instrument: the peak memory of a call, what is alive at the peak, an
+emulated small device for "what is the largest batch that fits", and a prediction of a traced
+step's peak without running it (`predict_peak`, `predict_max_batch_size`).
 
 Example:
   ```python
@@ -14,6 +15,7 @@ Example:
 """
 
 from memgrad._src.profiler import (
+    BatchPrediction,
     BatchSearch,
     CappedRun,
     CappedRunError,
@@ -23,6 +25,7 @@ from memgrad._src.profiler import (
     MemoryStatsUnavailableError,
     OutOfMemoryError,
     OutOfMemoryReport,
+    PeakPrediction,
     PeakTensors,
     default_device,
     exact_cpu_stats_enabled,
@@ -32,12 +35,15 @@ from memgrad._src.profiler import (
     measure,
     memory_by_category,
     oom_report,
+    predict_max_batch_size,
+    predict_peak,
     resolve_device,
     run_capped,
 )
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = [
+    "BatchPrediction",
     "BatchSearch",
     "CappedRun",
     "CappedRunError",
@@ -47,6 +53,7 @@ __all__ = [
     "MemoryStatsUnavailableError",
     "OutOfMemoryError",
     "OutOfMemoryReport",
+    "PeakPrediction",
     "PeakTensors",
     "default_device",
     "exact_cpu_stats_enabled",
@@ -57,6 +64,8 @@ __all__ = [
     "measure",
     "memory_by_category",
     "oom_report",
+    "predict_max_batch_size",
+    "predict_peak",
     "parse_bytes",
     "resolve_device",
     "run_capped",

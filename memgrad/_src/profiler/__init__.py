@@ -1,6 +1,7 @@
 """memgrad's measuring instrument: peak memory of a call, what is alive at the peak, an emulated small device."""
 
 from memgrad._src.profiler.emulated import BatchSearch, CappedRun, CappedRunError, max_batch_size, run_capped
+from memgrad._src.profiler.predict import BatchPrediction, PeakPrediction, predict_max_batch_size, predict_peak
 from memgrad._src.profiler.measure import (
     MemoryStatsUnavailableError,
     default_device,
@@ -23,6 +24,7 @@ from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = [
+    "BatchPrediction",
     "BatchSearch",
     "CappedRun",
     "CappedRunError",
@@ -37,11 +39,14 @@ __all__ = [
     "MemoryCategories",
     "OutOfMemoryError",
     "OutOfMemoryReport",
+    "PeakPrediction",
     "PeakTensors",
     "max_batch_size",
     "measure",
     "memory_by_category",
     "oom_report",
+    "predict_max_batch_size",
+    "predict_peak",
     "parse_bytes",
     "resolve_device",
     "run_capped",

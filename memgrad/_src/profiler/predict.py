@@ -1,0 +1,325 @@
+"""Predicted peak memory of a traced step, without running it: "will it fit?".
+
+`predict_peak` traces the step (a `tf.function`, or a Python function it wraps) for the given
+argument shapes, hands the graph to Grappler, TensorFlow's graph optimizer, with the rewrites
+TensorFlow itself applies before running a function (pruning, constant folding, arithmetic
+simplification, op fusion), and asks Grappler's virtual cluster to simulate the optimized
+graph's execution. The simulation allocates every op's outputs from their static shapes,
+frees each tensor after its last consumer, and reports the peak. Nothing runs on a device and
+no activation is allocated: arguments may be `tf.TensorSpec`s.
+
+`predict_max_batch_size` searches the largest batch whose predicted peak fits a byte limit,
+with one trace per probe.
+
+What the simulation does not see (measured on CPU, see the README): kernels' scratch
+buffers (Eigen's convolutions without oneDNN), the temporary buffers of XLA-compiled
+functions (ConvNeXt's grouped convolutions on CPU), and the allocator's rounding.
+"""
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+from memgrad._src.arguments import positional_args
+from memgrad._src.units import format_bytes, parse_bytes
+
+# The one device of the virtual cluster. Its speed figures matter only for the simulated
+# time, which is not used; memory is accounted per tensor from static shapes.
+_DEVICE_NAME = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakPrediction:
+    """A step's predicted peak memory.
+
+    Attributes:
+      peak_bytes: everything the step's graph holds at its predicted peak, its variables and
+        inputs included.
+      variable_bytes: the variables the step reads or writes (weights, optimizer state).
+      input_bytes: the step's tensor arguments.
+      seconds: how long tracing, optimizing and simulating took.
+      notes: what the prediction leaves out for this graph (e.g. XLA-compiled calls).
+    """
+
+    peak_bytes: int
+    variable_bytes: int
+    input_bytes: int
+    seconds: float
+    notes: tuple = ()
+
+    @property
+    def peak_above_baseline_bytes(self) -> int:
+        """The predicted peak less the variables and inputs: what
+        `memgrad.profiler.measure(step).peak_above_baseline_bytes` measures for the step."""
+        return max(self.peak_bytes - self.variable_bytes - self.input_bytes, 0)
+
+    def as_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), peak_above_baseline_bytes=self.peak_above_baseline_bytes)
+
+    def __str__(self):
+        text = (f"predicted peak {format_bytes(self.peak_bytes)}: "
+                f"{format_bytes(self.peak_above_baseline_bytes)} above "
+                f"{format_bytes(self.variable_bytes)} of variables and "
+                f"{format_bytes(self.input_bytes)} of inputs ({self.seconds:.1f} s)")
+        return "\n".join([text] + [f"  note: {note}" for note in self.notes])
+
+
+def _nbytes(dtype, shape):
+    if dtype == tf.resource or dtype == tf.variant or not shape.is_fully_defined():
+        return 0
+    return int(np.prod(shape.as_list(), dtype=np.int64)) * tf.as_dtype(dtype).size
+
+
+def _concrete_function(fn, args, kwargs):
+    if hasattr(fn, "graph") and hasattr(fn, "structured_outputs"):
+        if args or kwargs:
+            raise TypeError("predict_peak takes no arguments with a concrete function (it is "
+                            f"already traced). Received: args={args!r}, kwargs={kwargs!r}")
+        return fn
+    if not callable(fn):
+        raise TypeError("predict_peak expects a tf.function, a concrete function or a Python "
+                        f"function. Received: {type(fn).__name__} {fn!r}")
+    if not hasattr(fn, "get_concrete_function"):
+        fn = tf.function(fn)
+    return fn.get_concrete_function(*args, **kwargs)
+
+
+def _variables_as_handles(graph_def, graph):
+    """Turns the captured variable handles (placeholders fed at call time) into VarHandleOps,
+    which Grappler's virtual cluster accounts as persistent memory; returns their bytes."""
+    captured = {internal.op.name: external for external, internal in graph.captures}
+    resources = {t.op.name: t for t in graph.inputs if t.dtype == tf.resource}
+    seen, total = set(), 0
+    for node in graph_def.node:
+        handle = resources.get(node.name)
+        if node.op != "Placeholder" or handle is None:
+            continue
+        data = tf_internals.resource_handle_data(handle)
+        dtype, shape = data if data is not None else (tf.float32, tf.TensorShape([]))
+        external = captured.get(node.name)
+        key = id(external) if external is not None else node.name
+        if key not in seen:
+            seen.add(key)
+            total += _nbytes(dtype, shape)
+        shapes = node.attr["_output_shapes"]
+        keep = type(shapes)()
+        keep.CopyFrom(shapes)
+        node.attr.clear()
+        node.op = "VarHandleOp"
+        node.attr["_output_shapes"].CopyFrom(keep)
+        node.attr["dtype"].type = dtype.as_datatype_enum
+        node.attr["shape"].shape.CopyFrom(shape.as_proto() if shape.rank is not None
+                                          else tf.TensorShape([]).as_proto())
+        node.attr["shared_name"].s = node.name.encode()
+        node.attr["container"].s = b""
+    return total
+
+
+def _notes(graph):
+    """What the simulation leaves out for this graph."""
+    notes = []
+    xla = 0
+    for op in graph.get_operations():
+        attrs = op.node_def.attr
+        if ("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b) or (
+                "_xla_compile_id" in attrs):
+            xla += 1
+    library = graph.as_graph_def().library
+    compiled = [f.signature.name for f in library.function
+                if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b]
+    if xla or compiled:
+        notes.append(
+            f"{max(xla, len(compiled))} XLA-compiled function(s): their temporary buffers are "
+            "not predicted (XLA plans them when it compiles)")
+    return tuple(notes)
+
+
+@tf.autograph.experimental.do_not_convert
+def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
+    """Predicts the peak memory of one call of ``fn`` without running it.
+
+    ``fn`` is traced for ``args`` (tensors, arrays or `tf.TensorSpec`s: nothing is
+    allocated for them), the graph is optimized by Grappler as TensorFlow does before running
+    a function, and Grappler's virtual cluster simulates its execution: each op's outputs
+    are allocated from their static shapes and freed after their last consumer.
+
+    It sees what the step's graph does: activations kept for backprop, gradients, the
+    weights' gradients held until the optimizer applies them, a memgrad checkpointing
+    rewrite, custom gradients. It does not see kernels' scratch buffers (large for Eigen's
+    convolutions on a CPU without oneDNN), the temporary buffers of XLA-compiled calls
+    (listed in ``notes``), or the allocator's rounding. Shapes must be static.
+
+    Args:
+      fn: a `tf.function` (e.g. a training step), a Python function (wrapped in one), or a
+        concrete function (then no ``args``).
+      args: positional arguments for tracing: a tuple or list, or one tensor, array or
+        `tf.TensorSpec` standing for the one argument.
+      kwargs: keyword arguments for tracing.
+      optimize: run Grappler's optimizations first, as TensorFlow does at run time.
+
+    Returns:
+      A `PeakPrediction`; ``peak_above_baseline_bytes`` is comparable to
+      `memgrad.profiler.measure`'s figure of the same name.
+
+    Raises:
+      TypeError: for something that is not a function, or bad ``args``/``kwargs``.
+
+    Example:
+      >>> import keras, tensorflow as tf, memgrad
+      >>> model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(256)])
+      >>> @tf.function
+      ... def step(x):
+      ...     with tf.GradientTape() as tape:
+      ...         loss = tf.reduce_sum(model(x) ** 2)
+      ...     return tape.gradient(loss, model.trainable_variables)
+      >>> p = memgrad.profiler.predict_peak(step, tf.TensorSpec([1024, 256]))
+      >>> p.peak_above_baseline_bytes > 1024 * 256 * 4
+      True
+    """
+    start = time.perf_counter()
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"Expected kwargs to be a dict of keyword arguments. Received: {kwargs!r}")
+    args = positional_args(args) if not isinstance(args, tf.TensorSpec) else (args,)
+    concrete = _concrete_function(fn, args, dict(kwargs or {}))
+    graph = concrete.graph
+    tf_optimizer, item_module, cluster_module, device_properties_pb2 = tf_internals.grappler()
+    graph_def = graph.as_graph_def(add_shapes=True)
+    variable_bytes = _variables_as_handles(graph_def, graph)
+    input_bytes = sum(_nbytes(t.dtype, t.shape) for t in graph.inputs if t.dtype != tf.resource)
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
+    fetches = meta.collection_def["train_op"].node_list.value
+    fetches.extend(dict.fromkeys([t.op.name for t in graph.outputs]
+                                 + [op.name for op in graph.control_outputs]))
+    if optimize:
+        config = tf.compat.v1.ConfigProto()
+        optimized = tf_optimizer.OptimizeGraph(config, meta, verbose=False, graph_id=b"memgrad",
+                                               strip_default_attributes=False)
+        meta.graph_def.CopyFrom(optimized)
+    item = item_module.Item(meta, ignore_colocation=True)
+    device = device_properties_pb2.NamedDevice(
+        name=_DEVICE_NAME,
+        properties=device_properties_pb2.DeviceProperties(
+            type="CPU", frequency=2000, num_cores=1, memory_size=1 << 40, bandwidth=10 << 20))
+    cluster = cluster_module.Cluster(devices=[device])
+    try:
+        usage = cluster.DeterminePeakMemoryUsage(item)
+    finally:
+        cluster.Shutdown()
+    peak = max((bytes_ for bytes_, _ in usage.values()), default=0)
+    return PeakPrediction(peak_bytes=int(peak), variable_bytes=int(variable_bytes),
+                          input_bytes=int(input_bytes), seconds=time.perf_counter() - start,
+                          notes=_notes(graph))
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPrediction:
+    """The largest batch whose predicted peak fits a limit.
+
+    Attributes:
+      batch_size: the largest batch size predicted to fit (0 if even ``low`` does not).
+      limit_bytes: the limit.
+      predicted_bytes: the predicted peak (`PeakPrediction.peak_bytes` plus the overhead)
+        at that batch size.
+      probes: ``(batch_size, predicted_bytes)`` of every batch size traced, in order.
+    """
+
+    batch_size: int
+    limit_bytes: int
+    predicted_bytes: int
+    probes: tuple
+
+
+def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
+                           optimize=True) -> BatchPrediction:
+    """Predicts the largest batch size whose step fits under ``limit`` bytes, without
+    running a step: each probe traces ``build(batch_size)`` and calls `predict_peak`.
+
+    The search grows the batch, aiming past where a line through the predicted peaks meets
+    the limit (activations grow linearly with the batch), then interpolates between the
+    largest size that fits and the smallest that does not, bisecting when interpolation
+    stalls: a handful of traces.
+
+    Args:
+      build: ``build(batch_size)`` returning ``(fn, args)`` or ``(fn, args, kwargs)`` for
+        `predict_peak`, e.g. the training step and `tf.TensorSpec`s of a batch.
+      limit: the device's memory, in bytes or as a string such as ``'4GiB'``.
+      low: the smallest batch size considered.
+      high: the largest batch size considered.
+      overhead_bytes: bytes the device holds besides the step's graph (the runtime's own
+        buffers, other models), added to each prediction.
+      optimize: passed to `predict_peak`.
+
+    Returns:
+      A `BatchPrediction`.
+
+    Raises:
+      ValueError: for bad bounds or limit, or a ``build`` that does not return
+        ``(fn, args)`` or ``(fn, args, kwargs)``.
+
+    Example:
+      ```python
+      def build(batch_size):
+          return train_step, (tf.TensorSpec([batch_size, 224, 224, 3]), tf.TensorSpec([batch_size], tf.int32))
+      print(memgrad.profiler.predict_max_batch_size(build, "8GiB", high=1024).batch_size)
+      ```
+    """
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+        raise ValueError(f"Expected integers 1 <= low <= high. Received: low={low!r}, high={high!r}")
+    limit_bytes = int(parse_bytes(limit))
+    if limit_bytes <= 0:
+        raise ValueError(f"Expected a positive limit. Received: {limit!r}")
+    predicted = {}
+
+    def peak(batch):
+        if batch not in predicted:
+            built = build(batch)
+            if not isinstance(built, tuple) or len(built) not in (2, 3):
+                raise ValueError("predict_max_batch_size expects build(batch_size) to return "
+                                 f"(fn, args) or (fn, args, kwargs). Received: {built!r}")
+            fn, args, *rest = built
+            prediction = predict_peak(fn, args, rest[0] if rest else None, optimize=optimize)
+            predicted[batch] = prediction.peak_bytes + int(overhead_bytes)
+        return predicted[batch]
+
+    def result(batch):
+        return BatchPrediction(batch, limit_bytes, predicted.get(batch, 0), tuple(predicted.items()))
+
+    if peak(low) > limit_bytes:
+        return result(0)
+    fit, fail = low, None
+    # Grow until a size does not fit: aim just past where a line through the two largest
+    # fitting sizes meets the limit (at least doubling), so the limit is bracketed at once.
+    while fail is None and fit < high:
+        fitting = sorted(b for b in predicted if predicted[b] <= limit_bytes)
+        guess = 2 * fit
+        if len(fitting) >= 2:
+            b0, b1 = fitting[-2], fitting[-1]
+            slope = (predicted[b1] - predicted[b0]) / (b1 - b0)
+            if slope > 0:
+                guess = max(guess, int(b1 + 1.05 * (limit_bytes - predicted[b1]) / slope) + 1)
+        guess = min(guess, high)
+        if peak(guess) <= limit_bytes:
+            fit = guess
+        else:
+            fail = guess
+    # Bracketed: interpolate between the largest fitting and the smallest failing size,
+    # bisecting whenever interpolation shrank the bracket by less than half.
+    halve = False
+    while fail is not None and fail - fit > 1:
+        width = fail - fit
+        if halve:
+            guess = (fit + fail) // 2
+        else:
+            rise = predicted[fail] - predicted[fit]
+            step = (limit_bytes - predicted[fit]) * width / rise if rise > 0 else width / 2
+            guess = min(max(fit + int(step), fit + 1), fail - 1)
+        if peak(guess) <= limit_bytes:
+            fit = guess
+        else:
+            fail = guess
+        halve = not halve and (fail - fit) > width / 2
+    return result(fit)

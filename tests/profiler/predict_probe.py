@@ -1,0 +1,103 @@
+"""Predicted against measured peaks of real models' training steps (fresh-process probes),
+and the workloads `predict_max_batch_size` is checked on against the emulated small device.
+
+Every model is built with random weights (keras.applications with ``weights=None``, keras-hub
+backbones from a config): nothing is downloaded.
+"""
+
+import os
+
+import keras
+import tensorflow as tf
+
+import memgrad
+
+GPT2 = dict(vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512,
+            max_sequence_length=128)
+
+
+def _gpt2_backbone():
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.GPT2Backbone(**GPT2)
+
+
+def _cnn(name, image_size):
+    keras.utils.set_random_seed(0)
+    return getattr(keras.applications, name)(weights=None, input_shape=(image_size, image_size, 3), classes=10)
+
+
+def training_step(model, checkpoints=None):
+    """A `tf.function` training step: the loss's gradients, applied by SGD after the whole
+    backward pass (as Keras's fit does). ``checkpoints``: a memgrad strategy, or None for
+    plain `tf.GradientTape`."""
+    variables = model.trainable_variables
+    optimizer = keras.optimizers.SGD(0.0)
+    optimizer.build(variables)
+    text = isinstance(model.input, dict)
+
+    @tf.function
+    def step(inputs, labels):
+        tape = memgrad.GradientTape(checkpoints=checkpoints) if checkpoints else tf.GradientTape()
+        with tape:
+            outputs = model(inputs, training=True)
+            if text:
+                loss = tf.reduce_mean(tf.square(outputs))
+            else:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, outputs))
+        optimizer.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    return step
+
+
+def _batch(model, batch_size, spec=False):
+    make = (lambda shape, dtype: tf.TensorSpec(shape, dtype)) if spec else (
+        lambda shape, dtype: tf.ones(shape, dtype))
+    labels = make([batch_size], tf.int32)
+    if isinstance(model.input, dict):
+        length = GPT2["max_sequence_length"]
+        return {"token_ids": make([batch_size, length], tf.int32),
+                "padding_mask": make([batch_size, length], tf.int32)}, labels
+    return make([batch_size, *model.input.shape[1:]], tf.float32), labels
+
+
+def _model(name, image_size=64):
+    return _gpt2_backbone() if name == "GPT2" else _cnn(name, image_size)
+
+
+def predicted_and_measured(name, batch_size, checkpoints=None, image_size=64):
+    """``{"predicted": bytes, "measured": bytes, "notes": [...]}``: the predicted and the
+    measured (median of three) peak above baseline of one training step."""
+    model = _model(name, image_size)
+    step = training_step(model, checkpoints)
+    inputs, labels = _batch(model, batch_size)
+    prediction = memgrad.profiler.predict_peak(step, (inputs, labels))
+    measured = sorted(memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
+                      .peak_above_baseline_bytes for i in range(3))[1]
+    return {"predicted": prediction.peak_above_baseline_bytes, "measured": measured,
+            "notes": list(prediction.notes), "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+
+
+def gpt2_run(batch_size):
+    """One training step of the GPT-2 backbone at ``batch_size`` (a `run_capped` target)."""
+    model = _gpt2_backbone()
+    step = training_step(model)
+    step(*_batch(model, batch_size))
+
+
+def gpt2_build(batch_size):
+    """``(step, argument specs)`` of the same step, for `predict_max_batch_size`."""
+    model = _gpt2_backbone()
+    return training_step(model), _batch(model, batch_size, spec=True)
+
+
+def max_batch_predicted_and_found(limit, overhead_bytes):
+    """The largest GPT-2 batch under ``limit``: predicted, and found on the emulated device."""
+    predicted = memgrad.profiler.predict_max_batch_size(gpt2_build, limit, low=1, high=512,
+                                                        overhead_bytes=overhead_bytes)
+    found = memgrad.profiler.max_batch_size("tests.profiler.predict_probe:gpt2_run", limit,
+                                            low=1, high=512, start=max(predicted.batch_size, 1))
+    return {"predicted": predicted.batch_size, "found": found.batch_size,
+            "traces": len(predicted.probes), "runs": len(found.probes)}

@@ -1,0 +1,116 @@
+"""predict_peak / predict_max_batch_size: a traced step's peak without running it (issue 21)."""
+
+import keras
+import pytest
+import tensorflow as tf
+
+import memgrad
+from memgrad.profiler import PeakPrediction, predict_max_batch_size, predict_peak
+
+_ONEDNN = {"off": {"TF_ENABLE_ONEDNN_OPTS": "0"}, "on": {"TF_ENABLE_ONEDNN_OPTS": "1"}}
+_PROBE = "tests.profiler.predict_probe:predicted_and_measured"
+FRESH_PROCESSES = {
+    **{f"GPT2/{dnn}": dict(target=_PROBE, args=["GPT2", 8], env=env, timeout=600)
+       for dnn, env in _ONEDNN.items()},
+    "GPT2/memory": dict(target=_PROBE, args=["GPT2", 8, "memory"], env=_ONEDNN["off"], timeout=600),
+    "max batch": dict(target="tests.profiler.predict_probe:max_batch_predicted_and_found",
+                      args=["160MiB", 0], timeout=900),
+}
+
+
+def _dense_step(width=256, depth=4):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width, activation="tanh")
+                                                        for _ in range(depth)])
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        for variable, grad in zip(model.trainable_variables, grads):
+            variable.assign_sub(0.0 * grad)
+        return loss
+
+    return model, step
+
+
+def test_prediction_accounts_variables_inputs_and_activations():
+    model, step = _dense_step()
+    prediction = predict_peak(step, tf.TensorSpec([1024, 256]))  # a spec: nothing is allocated
+    assert isinstance(prediction, PeakPrediction)
+    assert prediction.variable_bytes == sum(v.numpy().nbytes for v in model.trainable_variables)
+    assert prediction.input_bytes == 1024 * 256 * 4
+    # Four tanh outputs kept for backprop (1 MiB each) and the weights' gradients.
+    assert prediction.peak_above_baseline_bytes >= 4 * 2**20
+    assert prediction.peak_bytes == (prediction.peak_above_baseline_bytes + prediction.variable_bytes
+                                     + prediction.input_bytes)
+    assert prediction.as_dict()["peak_above_baseline_bytes"] == prediction.peak_above_baseline_bytes
+    assert "predicted peak" in str(prediction) and prediction.notes == ()
+    # The concrete function form gives the same figure.
+    concrete = step.get_concrete_function(tf.TensorSpec([1024, 256]))
+    assert predict_peak(concrete).peak_bytes == prediction.peak_bytes
+
+
+def test_prediction_grows_linearly_with_the_batch():
+    _, step = _dense_step()
+    p512, p1024, p2048 = (predict_peak(step, tf.TensorSpec([b, 256])).peak_above_baseline_bytes
+                          for b in (512, 1024, 2048))
+    assert p1024 - p512 > 2**20  # four 0.5 MiB activations more, at least
+    assert p2048 - p1024 == pytest.approx(2 * (p1024 - p512), rel=0.10)
+
+
+def test_xla_compiled_calls_are_named_in_the_notes():
+    inner = tf.function(lambda x: tf.tanh(x) * 2.0, jit_compile=True)
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(inner(x))
+
+    notes = predict_peak(step, tf.TensorSpec([64, 64])).notes
+    assert notes and "XLA-compiled" in notes[0]
+
+
+def test_bad_input_names_what_was_expected():
+    with pytest.raises(TypeError, match="expects a tf.function"):
+        predict_peak(42)
+    _, step = _dense_step()
+    concrete = step.get_concrete_function(tf.TensorSpec([8, 256]))
+    with pytest.raises(TypeError, match="no arguments with a concrete function"):
+        predict_peak(concrete, tf.ones([8, 256]))
+    with pytest.raises(TypeError, match="kwargs to be a dict"):
+        predict_peak(step, tf.TensorSpec([8, 256]), kwargs=[1])
+    with pytest.raises(ValueError, match="1 <= low <= high"):
+        predict_max_batch_size(lambda b: (step, tf.TensorSpec([b, 256])), "1GiB", low=0)
+    with pytest.raises(ValueError, match=r"\(fn, args\) or \(fn, args, kwargs\)"):
+        predict_max_batch_size(lambda b: step, "1GiB")
+
+
+def test_predicted_max_batch_is_the_largest_whose_prediction_fits():
+    _, step = _dense_step()
+
+    def build(batch_size):
+        return step, (tf.TensorSpec([batch_size, 256]),)
+
+    limit = predict_peak(step, tf.TensorSpec([700, 256])).peak_bytes
+    found = predict_max_batch_size(build, limit, high=4096)
+    assert found.batch_size in (699, 700)  # the peak is a step function of the batch
+    assert found.predicted_bytes <= limit
+    assert predict_peak(step, tf.TensorSpec([found.batch_size + 1, 256])).peak_bytes > limit
+    assert len(found.probes) <= 12  # a line, then bisection: not a scan
+    assert predict_max_batch_size(build, 1024).batch_size == 0  # not even one row fits
+
+
+@pytest.mark.memory
+@pytest.mark.parametrize("key", ["GPT2/off", "GPT2/on", "GPT2/memory"])
+def test_predicted_peak_within_15_percent_of_measured(fresh_results, key):
+    r = fresh_results[key]
+    assert r["predicted"] == pytest.approx(r["measured"], rel=0.15), (
+        f"{key}: predicted {r['predicted'] / 2**20:.1f} MiB, measured {r['measured'] / 2**20:.1f} MiB")
+
+
+@pytest.mark.memory
+def test_predicted_max_batch_within_10_percent_of_what_fits_on_the_emulated_device(fresh_results):
+    r = fresh_results["max batch"]
+    assert r["found"] > 0
+    assert abs(r["predicted"] - r["found"]) <= 0.10 * r["found"], r
