@@ -135,6 +135,10 @@ def test_budget_finds_a_larger_batch_for_the_reversible_stack(runs):
     assert reversible["vs_plain"] == pytest.approx(reversible["batch_size"] / plain["batch_size"])
     assert reversible["budget_bytes"] == 22 * 2**20  # 24 MB rounded down to whole MiB
     assert "fits" in run["stdout"] and "the batch of plain" in run["stdout"]
+    # The batch predicted from traced steps alone is shown next to the measured one.
+    for entry in found.values():
+        assert entry["prediction_error"] is None and entry["predicted_batch_size"] > 0, entry
+    assert f"predicted {plain['predicted_batch_size']} without a run" in run["stdout"]
 
 
 def _run(capsys, *arguments):

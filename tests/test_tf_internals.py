@@ -42,6 +42,9 @@ def test_lazy_names_resolve_to_what_memgrad_uses():
     assert isinstance(tfp.bijectors.Chain([tfp.bijectors.Exp(), bn]), chain_cls)
     assert isinstance(tfp.bijectors.Invert(bn), invert_cls)
     assert tf_internals.tfp_batchnorm_training(bn) is False
+    tf_optimizer, item, cluster, device_properties_pb2 = tf_internals.grappler()
+    assert callable(tf_optimizer.OptimizeGraph) and hasattr(cluster.Cluster, "DeterminePeakMemoryUsage")
+    assert hasattr(item, "Item") and hasattr(device_properties_pb2, "NamedDevice")
 
 
 def test_private_on_a_missing_module_names_the_range_and_the_versions():

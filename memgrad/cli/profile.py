@@ -370,14 +370,19 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
 
     The search starts from a guess extrapolated from the sweep's measured peak at the same
     depth, then every answer is a batch that actually ran under the cap (`max_batch_size`).
+    Next to it, the batch `predict_max_batch_size` predicts from traced steps alone, with no
+    run (``None`` where the prediction failed).
 
     Returns:
       A list of dicts: ``strategy``, ``depth``, ``budget_bytes``, ``batch_size`` (largest that
-      ran), ``first_failing`` (smallest that did not, or ``None``), ``probes``, ``vs_plain``.
+      ran), ``first_failing`` (smallest that did not, or ``None``), ``probes``, ``vs_plain``,
+      ``predicted_batch_size``, ``prediction_error`` (why it is ``None``, else ``None``).
     """
     import concurrent.futures
 
     from memgrad._src.profiler import max_batch_size
+
+    predictions = {strategy: predict_budget_batch(spec, strategy, depth, budget) for strategy in strategies}
 
     def search_one(strategy):
         measured = [r for r in rows if r["strategy"] == strategy and r["depth"] == depth
@@ -401,7 +406,29 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
     plain = next((r["batch_size"] for r in results if r["strategy"] == "plain"), None)
     for result in results:
         result["vs_plain"] = result["batch_size"] / plain if plain else None
+        result["predicted_batch_size"], result["prediction_error"] = predictions[result["strategy"]]
     return results
+
+
+def predict_budget_batch(spec, strategy, depth, budget):
+    """``(largest batch predicted to fit budget bytes, None)`` from traced steps of one model
+    (`predict_max_batch_size`), or ``(None, reason)`` if the prediction failed."""
+    import tensorflow as tf
+
+    from memgrad._src.profiler import predict_max_batch_size
+    from memgrad.cli.sweep import build_model, input_batch, training_step
+
+    try:
+        model = build_model(spec, strategy, depth)
+        step = training_step(model, strategy)
+        one = input_batch(model, 1, spec)
+
+        def build(batch_size):
+            return step, tuple(tf.TensorSpec([batch_size, *t.shape[1:]], t.dtype) for t in one)
+
+        return predict_max_batch_size(build, budget, high=1 << 16).batch_size, None
+    except Exception as error:  # noqa: BLE001 - a prediction must never stop the measured search
+        return None, one_line(error)
 
 
 def main(argv=None) -> int:

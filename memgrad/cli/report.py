@@ -159,7 +159,9 @@ def format_budget(results, label) -> str:
     for r in results:
         larger = "" if r["vs_plain"] is None or r["strategy"] == "plain" else f"  fits {r['vs_plain']:.1f}x the batch of plain"
         failing = "" if r["first_failing"] is None else f" ({r['first_failing']} did not)"
-        lines.append(f"  {r['strategy']:<11} batch {r['batch_size']}{failing}{larger}")
+        predicted = r.get("predicted_batch_size")
+        guess = "" if predicted is None else f", predicted {predicted} without a run"
+        lines.append(f"  {r['strategy']:<11} batch {r['batch_size']}{failing}{guess}{larger}")
     return "\n".join(lines)
 
 

@@ -43,7 +43,8 @@ def training_step(model, checkpoints=None):
         with tape:
             outputs = model(inputs, training=True)
             if text:
-                loss = tf.reduce_mean(tf.square(outputs))
+                loss = tf.add_n([tf.reduce_mean(tf.square(o)) for o in tf.nest.flatten(outputs)
+                                 if o.dtype.is_floating])
             else:
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, outputs))
         optimizer.apply(tape.gradient(loss, variables), variables)

@@ -10,8 +10,8 @@ from memgrad._src.checkpointing.budget import budget_curve
 from memgrad._src.checkpointing.strategies import choose
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.view import ForwardGraph
-from memgrad._src.profiler.live import layer_of
 from memgrad._src.arguments import positional_args
+from memgrad._src.names import layer_of
 from memgrad._src.units import format_bytes
 
 
