@@ -12,7 +12,7 @@ import tensorflow as tf
 import memgrad
 from tests.checkpointing.models import max_relative_error, rewritten
 
-STRATEGIES = ["memory", "speed", memgrad.strategies.Budget(0.7)]
+STRATEGIES = ["memory", "speed", memgrad.strategies.Budget(0.85)]  # feasible on every graph here (the cond graph: >= 0.777)
 
 
 def _residual_weights(depth=12, width=16, seed=0):

@@ -6,6 +6,7 @@ backbones from a config): nothing is downloaded.
 """
 
 import os
+import re
 
 import keras
 import tensorflow as tf
@@ -102,3 +103,33 @@ def max_batch_predicted_and_found(limit, overhead_bytes):
                                             low=1, high=512, start=max(predicted.batch_size, 1))
     return {"predicted": predicted.batch_size, "found": found.batch_size,
             "traces": len(predicted.probes), "runs": len(found.probes)}
+
+
+def budget_sweep(fractions, batch_size=8):
+    """Measured peaks above baseline (median of three calls) of the GPT-2 backbone's training
+    step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' predicted
+    peaks: ``{"measured": [...], "predicted": [...], "budget": [...], "smallest_fraction":
+    [...]}`` in the given order; a fraction that raised BudgetError has None figures and the
+    smallest fraction the error named."""
+    model = _gpt2_backbone()
+    inputs, labels = _batch(model, batch_size)
+    result = {"measured": [], "predicted": [], "budget": [], "smallest_fraction": []}
+    for fraction in fractions:
+        step = training_step(model, memgrad.strategies.Budget(fraction))
+        try:
+            with memgrad.record_rewrites() as log:
+                step.get_concrete_function(inputs, labels)
+        except memgrad.BudgetError as error:  # autograph keeps the type, not the attributes
+            named = re.search(r"a fraction of at least ([0-9.]+)", str(error))
+            result["smallest_fraction"].append(float(named.group(1)) if named else None)
+            for key in ("measured", "predicted", "budget"):
+                result[key].append(None)
+            continue
+        result["smallest_fraction"].append(None)
+        details = log[-1].plan.details
+        result["predicted"].append(details["predicted_bytes"])
+        result["budget"].append(details["budget_bytes"])
+        result["measured"].append(sorted(
+            memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
+            .peak_above_baseline_bytes for i in range(3))[1])
+    return result

@@ -20,17 +20,11 @@ import dataclasses
 import math
 import time
 
-import numpy as np
 import tensorflow as tf
 
-from memgrad._src import tf_internals
 from memgrad._src.arguments import positional_args
+from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
-
-# The one device of the virtual cluster. Its speed figures matter only for the simulated
-# time, which is not used; memory is accounted per tensor from static shapes.
-_DEVICE_NAME = "/job:localhost/replica:0/task:0/device:CPU:0"
-
 
 @dataclasses.dataclass(frozen=True)
 class PeakPrediction:
@@ -68,12 +62,6 @@ class PeakPrediction:
         return "\n".join([text] + [f"  note: {note}" for note in self.notes])
 
 
-def _nbytes(dtype, shape):
-    if dtype == tf.resource or dtype == tf.variant or not shape.is_fully_defined():
-        return 0
-    return int(np.prod(shape.as_list(), dtype=np.int64)) * tf.as_dtype(dtype).size
-
-
 def _concrete_function(fn, args, kwargs):
     if hasattr(fn, "graph") and hasattr(fn, "structured_outputs"):
         if args or kwargs:
@@ -86,37 +74,6 @@ def _concrete_function(fn, args, kwargs):
     if not hasattr(fn, "get_concrete_function"):
         fn = tf.function(fn)
     return fn.get_concrete_function(*args, **kwargs)
-
-
-def _variables_as_handles(graph_def, graph):
-    """Turns the captured variable handles (placeholders fed at call time) into VarHandleOps,
-    which Grappler's virtual cluster accounts as persistent memory; returns their bytes."""
-    captured = {internal.op.name: external for external, internal in graph.captures}
-    resources = {t.op.name: t for t in graph.inputs if t.dtype == tf.resource}
-    seen, total = set(), 0
-    for node in graph_def.node:
-        handle = resources.get(node.name)
-        if node.op != "Placeholder" or handle is None:
-            continue
-        data = tf_internals.resource_handle_data(handle)
-        dtype, shape = data if data is not None else (tf.float32, tf.TensorShape([]))
-        external = captured.get(node.name)
-        key = id(external) if external is not None else node.name
-        if key not in seen:
-            seen.add(key)
-            total += _nbytes(dtype, shape)
-        shapes = node.attr["_output_shapes"]
-        keep = type(shapes)()
-        keep.CopyFrom(shapes)
-        node.attr.clear()
-        node.op = "VarHandleOp"
-        node.attr["_output_shapes"].CopyFrom(keep)
-        node.attr["dtype"].type = dtype.as_datatype_enum
-        node.attr["shape"].shape.CopyFrom(shape.as_proto() if shape.rank is not None
-                                          else tf.TensorShape([]).as_proto())
-        node.attr["shared_name"].s = node.name.encode()
-        node.attr["container"].s = b""
-    return total
 
 
 def _notes(graph):
@@ -186,32 +143,9 @@ def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
     args = positional_args(args) if not isinstance(args, tf.TensorSpec) else (args,)
     concrete = _concrete_function(fn, args, dict(kwargs or {}))
     graph = concrete.graph
-    tf_optimizer, item_module, cluster_module, device_properties_pb2 = tf_internals.grappler()
-    graph_def = graph.as_graph_def(add_shapes=True)
-    variable_bytes = _variables_as_handles(graph_def, graph)
-    input_bytes = sum(_nbytes(t.dtype, t.shape) for t in graph.inputs if t.dtype != tf.resource)
-    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
-    fetches = meta.collection_def["train_op"].node_list.value
-    fetches.extend(dict.fromkeys([t.op.name for t in graph.outputs]
-                                 + [op.name for op in graph.control_outputs]))
-    if optimize:
-        config = tf.compat.v1.ConfigProto()
-        optimized = tf_optimizer.OptimizeGraph(config, meta, verbose=False, graph_id=b"memgrad",
-                                               strip_default_attributes=False)
-        meta.graph_def.CopyFrom(optimized)
-    item = item_module.Item(meta, ignore_colocation=True)
-    device = device_properties_pb2.NamedDevice(
-        name=_DEVICE_NAME,
-        properties=device_properties_pb2.DeviceProperties(
-            type="CPU", frequency=2000, num_cores=1, memory_size=1 << 40, bandwidth=10 << 20))
-    cluster = cluster_module.Cluster(devices=[device])
-    try:
-        usage = cluster.DeterminePeakMemoryUsage(item)
-    finally:
-        cluster.Shutdown()
-    peak = max((bytes_ for bytes_, _ in usage.values()), default=0)
-    return PeakPrediction(peak_bytes=int(peak), variable_bytes=int(variable_bytes),
-                          input_bytes=int(input_bytes), seconds=time.perf_counter() - start,
+    simulated = simulate_peak(graph, [*graph.outputs, *graph.control_outputs], optimize=optimize)
+    return PeakPrediction(peak_bytes=simulated.peak_bytes, variable_bytes=simulated.variable_bytes,
+                          input_bytes=simulated.input_bytes, seconds=time.perf_counter() - start,
                           notes=_notes(graph))
 
 
