@@ -10,7 +10,10 @@ from tests.selective.memory_probe import conv_net, step_peak
 pytestmark = pytest.mark.memory
 
 FRESH_PROCESSES = {"graph": dict(target="tests.selective.memory_probe:graph_peaks",
-                                 env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300)}
+                                 env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300),
+                   **{f"tape {name}": dict(target="tests.selective.memory_probe:tape_held", args=[name],
+                                           env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300)
+                      for name in ("MaxPooling2D", "Dropout")}}
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +46,10 @@ def test_graph_mode_never_peaks_higher_than_keras(fresh_results, frozen):
 
 
 @pytest.mark.parametrize("name", ["MaxPooling2D", "Dropout"])
-def test_pooling_and_dropout_tape_holds_less_than_keras(name):
-    """Bytes alive between forward and backward: what the tape keeps for these layers."""
-    def make(module):
-        if name == "MaxPooling2D":  # the usual 2x2 stride-2 pools
-            return [getattr(module, name)(2) for _ in range(3)]
-        return [getattr(module, name)(0.3, seed=i) for i in range(8)]
-
-    x = tf.random.stateless_normal([16, 64, 64, 16], seed=[2, 3])  # 4 MiB
-
-    def held_by_tape(layers):
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            h = x + 1.0  # an intermediate (Add's gradient keeps nothing), as in a real network
-            for layer in layers:
-                h = layer(h, training=True)
-            loss = tf.reduce_sum(h)
-        del h
-        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
-        assert tape.gradient(loss, x) is not None
-        return held
-
-    # The least of three: what the tape keeps is the same each time; the allocator's chunk
-    # rounding in a long-running test process only adds to it (one full run read 2.39 MiB for
-    # memgrad's pools where a fresh process reads 1.56).
-    keras_layers, memgrad_layers = make(keras.layers), make(memgrad.selective)
-    keras_held = min(held_by_tape(keras_layers) for _ in range(3))
-    memgrad_held = min(held_by_tape(memgrad_layers) for _ in range(3))
+def test_pooling_and_dropout_tape_holds_less_than_keras(fresh_results, name):
+    """Bytes alive between forward and backward: what the tape keeps for these layers
+    (measured in a fresh process, tests/selective/memory_probe.py:tape_held)."""
+    keras_held, memgrad_held = fresh_results[f"tape {name}"]
     print(f"\n{name}: tape holds {memgrad_held / 2**20:.2f} MiB (memgrad) vs {keras_held / 2**20:.2f} MiB (Keras)")
     limit = 0.35 if name == "MaxPooling2D" else 0.1
     assert memgrad_held <= limit * keras_held, f"{memgrad_held / 2**20:.2f} vs {keras_held / 2**20:.2f} MiB"
