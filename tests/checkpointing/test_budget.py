@@ -138,15 +138,23 @@ def test_dynamic_program_matches_brute_force_on_a_chain():
         assert flops == pytest.approx(min(feasible), rel=1e-9), fraction
 
 
-def test_budget_below_any_plan_states_the_smallest_feasible():
+def _tanh_chain_tracer():
+    """``(trace, weights, loss_fn, shape)``: ``trace(budget)`` traces memgrad.gradients of a
+    256-row tanh chain under that budget (raising BudgetError as planning does)."""
     weights, loss_fn_, shape = WORKLOADS["tanh_chain"](batch=256)
     x = tf.ones(shape)
 
-    def step(budget):
+    def trace(budget):
         @tf.function
         def fn(x):
             return memgrad.gradients(loss_fn_(x), weights, checkpoints=budget)
         return fn.get_concrete_function(x)
+
+    return trace, weights, loss_fn_, shape
+
+
+def test_budget_below_any_plan_states_the_smallest_feasible():
+    step, weights, loss_fn_, shape = _tanh_chain_tracer()
 
     # The memory model's planner alone: the smallest feasible budget is the model's.
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least") as info:
@@ -166,14 +174,7 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
 def test_simulating_budget_below_any_plan_names_the_smallest_that_fits():
     """The default Budget: the smallest budget is the least simulated peak of the plans it
     tried (the model's leanest and the 'memory' strategy's); that budget is accepted."""
-    weights, loss_fn_, shape = WORKLOADS["tanh_chain"](batch=256)
-    x = tf.ones(shape)
-
-    def step(budget):
-        @tf.function
-        def fn(x):
-            return memgrad.gradients(loss_fn_(x), weights, checkpoints=budget)
-        return fn.get_concrete_function(x)
+    step, *_ = _tanh_chain_tracer()
 
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least") as info:
         step(memgrad.strategies.Budget("64KiB", margin=0.0))
@@ -188,14 +189,7 @@ def test_simulating_budget_below_any_plan_names_the_smallest_that_fits():
 
 
 def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits():
-    weights, loss_fn_, shape = WORKLOADS["tanh_chain"](batch=256)
-    x = tf.ones(shape)
-
-    def step(budget):
-        @tf.function
-        def fn(x):
-            return memgrad.gradients(loss_fn_(x), weights, checkpoints=budget)
-        return fn.get_concrete_function(x)
+    step, *_ = _tanh_chain_tracer()
 
     with pytest.raises(memgrad.BudgetError, match=r"Expected a fraction of at least 0\.\d+") as info:
         step(memgrad.strategies.Budget(0.01, margin=0.0))
