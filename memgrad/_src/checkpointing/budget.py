@@ -346,16 +346,20 @@ class Budget(Strategy):
         return self.fraction * plain_bytes if self.fraction is not None else float(self.bytes)
 
     @tf.autograph.experimental.do_not_convert
-    def plan(self, view, correction=1.0):
+    def plan(self, view, correction=1.0, _known=None):
         """The `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
 
         ``correction`` (at most 1) shrinks the memory model's target after a plan's
-        simulated peak came out over the target (see `check`).
+        simulated peak came out over the target (see `check`, which passes ``_known``: the
+        planner and simulated plain peak of the first plan, so neither is made again).
         """
         start = time.perf_counter()
-        planner = _Planner(view)
+        if _known is None:
+            planner = _Planner(view)
+            simulated = simulated_plain_bytes(view) if self.simulate else None
+        else:
+            planner, simulated = _known
         modelled = planner.plain_bytes
-        simulated = simulated_plain_bytes(view) if self.simulate else None
         scale = simulated / modelled if simulated and modelled > 0 else 1.0
         plain = modelled * scale
         budget = self.resolve(plain)
@@ -386,10 +390,12 @@ class Budget(Strategy):
             recomputed_flops=cost, forward_flops=forward, checkpoints=len(tensors),
             seconds=time.perf_counter() - start,
         )
-        return CheckpointPlan(
+        plan = CheckpointPlan(
             mode="budget", tensors=tensors, segments=len(cuts) + 1,
             activation_bytes=modelled, estimated_bytes=peak, details=details,
         )
+        plan._budget_known = (planner, simulated)
+        return plan
 
     def _memory_strategy_plan(self, view, details, leanest_simulated):
         """The 'memory' strategy's plan, as the last one a budget tries."""
@@ -440,9 +446,9 @@ class Budget(Strategy):
         if remaining <= 0:
             return None
         if remaining <= 2:
-            return self.plan(view, correction=0.0)  # the leanest plan
+            return self.plan(view, correction=0.0, _known=plan._budget_known)  # the leanest plan
         correction = details["correction"] * details["target_bytes"] / simulated * 0.98
-        return self.plan(view, correction=correction)
+        return self.plan(view, correction=correction, _known=plan._budget_known)
 
 
 def _consumed(graph, grads):
