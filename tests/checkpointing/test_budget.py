@@ -172,8 +172,8 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
 
 
 def test_simulating_budget_below_any_plan_names_the_smallest_that_fits():
-    """The default Budget: the smallest budget is the least simulated peak of the plans it
-    tried (the model's leanest and the 'memory' strategy's); that budget is accepted."""
+    """The default Budget: the smallest budget is the least simulated peak of its candidate
+    plans (all tried when none fits); that budget is accepted."""
     step, *_ = _tanh_chain_tracer()
 
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least") as info:
@@ -202,6 +202,34 @@ def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits(
     assert details["predicted_bytes"] <= smallest * details["plain_bytes"]
     with pytest.raises(memgrad.BudgetError):
         step(memgrad.strategies.Budget(smallest * 0.97, margin=0.0))
+
+
+def test_simulating_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits():
+    """Over a sweep of budgets, each Budget keeps the cheapest of one shared set of candidate
+    plans whose simulated peak fits: a smaller budget never gets a plan with a larger
+    simulated peak or less recomputation, and every candidate cheaper than the one kept was
+    tried and found over the target."""
+    step, *_ = _tanh_chain_tracer()
+    chosen = []
+    for fraction in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4):
+        try:
+            with memgrad.record_rewrites() as log:
+                step(memgrad.strategies.Budget(fraction))
+        except memgrad.BudgetError:
+            break
+        details = log[-1].plan.details
+        assert details["predicted_bytes"] <= details["budget_bytes"]
+        if details["candidate"] is not None:
+            # One tried peak per candidate before it, plain backprop's first, all over target.
+            assert len(details["tried_bytes"]) == details["candidate"] + 1
+            assert all(peak > details["target_bytes"] for peak in details["tried_bytes"])
+        chosen.append((fraction, details["predicted_bytes"], details["recomputed_flops"]))
+    assert len(chosen) >= 4, chosen
+    peaks = [peak for _, peak, _ in chosen]
+    flops = [cost for _, _, cost in chosen]
+    assert peaks == sorted(peaks, reverse=True), chosen
+    assert flops == sorted(flops), chosen
+    assert peaks[-1] < 0.6 * peaks[0], chosen  # the sweep reached real savings
 
 
 def _model_of(loss_fn_, weights, shape):

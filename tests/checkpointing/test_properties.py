@@ -22,7 +22,7 @@ from tests.checkpointing.random_graphs import HypothesisChooser, check_graph, dr
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_every_strategy_matches_tf_gradients_on_random_graphs(data):

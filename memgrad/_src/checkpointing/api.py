@@ -18,9 +18,6 @@ from memgrad._src.checkpointing.budget import Budget
 from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, choose
 from memgrad._src.graph.view import ForwardGraph
 
-# How many plans a simulating Budget may build before it keeps the last (see Budget.check).
-BUDGET_ATTEMPTS = 5
-
 # TensorFlow's own functions, kept before any patch so memgrad never calls itself.
 _TF_GRADIENTS_V1 = tf_internals.tf_gradients_v1
 _TF_GRADIENTS_V2 = tf_internals.tf_gradients_v2
@@ -274,18 +271,18 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
     strategy = as_strategy(checkpoints)
     with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
-        for attempt in range(BUDGET_ATTEMPTS):
+        while True:
             grads, rewrite = rewrite_gradients(
                 view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients
             )
             if not (isinstance(strategy, Budget) and strategy.simulate):
                 break
-            # The rewritten graph's own peak, simulated: over the target, plan again for
-            # less (the rewrite just built is never run: unneeded ops are pruned).
-            corrected = strategy.check(view, plan, grads, remaining=BUDGET_ATTEMPTS - 1 - attempt)
-            if corrected is None:
+            # The rewritten graph's own peak, simulated: over the target, the next candidate
+            # plan (the rewrite just built is never run: unneeded ops are pruned).
+            following = strategy.check(view, plan, grads)
+            if following is None:
                 break
-            plan = corrected
+            plan = following
         _record(
             copied_ops=rewrite.copied_ops, segments=rewrite.segments,
             gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),

@@ -26,13 +26,16 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from memgrad._src.checkpointing.strategies import CheckpointPlan, Strategy, _absorb_bias, _cuts_for, memory_plan
+from memgrad._src.checkpointing.strategies import CheckpointPlan, Strategy, _absorb_bias, _cuts_for, memory_cuts
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
 
 BUCKETS = 64
 DENSE_LIMIT = 512
+# The budgets, as shares of the modelled plain peak, that a simulating Budget's candidate
+# plans are made for (see `_Planner.candidate_plans`).
+CANDIDATE_LEVELS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
 class BudgetError(ValueError):
@@ -112,6 +115,7 @@ class _Planner:
             candidates = _local_minima(pr.live, candidates)
         self.candidates = candidates
         self._family = None
+        self._candidates = None
         # Per tensor, excluding tensors every plan keeps anyway.
         self._births = pr.births[~m._forced]
         self._deaths = pr.deaths[~m._forced]
@@ -240,6 +244,33 @@ class _Planner:
         peak, cost, cuts = min(options, key=lambda option: option[1])
         return cuts, peak, cost
 
+    def candidate_plans(self):
+        """The plans a simulating `Budget` chooses among, the same for every budget:
+        `(cost, predicted peak, cuts)` sorted by recomputed FLOPs (then peak), distinct.
+
+        They are the cheapest plans under the model for budgets of `CANDIDATE_LEVELS` of
+        its plain peak, its leanest plan, and the 'memory' strategy's plan (which the model
+        may rank too high: ResNet50's simulates at 43 MiB where the model's leanest does at
+        101). Choosing the cheapest candidate whose simulated peak fits makes the chosen
+        peak shrink, never grow, with the budget (see `Budget`).
+        """
+        if self._candidates is None:
+            found = {}
+            for level in CANDIDATE_LEVELS:
+                cuts = self.solve(level * self.plain_bytes)
+                if cuts is None:
+                    break
+                found.setdefault(tuple(cuts), cuts)
+            leanest = self.solve(self.smallest_feasible())
+            _, memory = memory_cuts(self.model.profile)
+            for cuts in (leanest, memory):
+                if cuts:
+                    found.setdefault(tuple(cuts), list(cuts))
+            options = [self.model.predict(cuts) + (cuts,) for cuts in found.values() if cuts]
+            self._candidates = sorted(((cost, peak, cuts) for peak, cost, cuts in options),
+                                      key=lambda option: option[:2])
+        return self._candidates
+
 
 @dataclasses.dataclass
 class CurvePoint:
@@ -261,7 +292,7 @@ class CurvePoint:
 
 
 class Budget(Strategy):
-    """`checkpoints=Budget(limit)`: fit the step's peak in a byte budget, recomputing least.
+    """`checkpoints=Budget(limit)`: fit the step's peak in a byte budget, recomputing little.
 
     What counts is what the gradient computation allocates above what exists before it
     (weights, optimizer state, inputs): the activations kept for backprop, the gradients in
@@ -284,22 +315,30 @@ class Budget(Strategy):
       simulate: simulate plain backprop as above (default). ``False`` uses the planner's
         memory model alone, as before issue 21.
 
-    Each plan's rewrite is simulated the same way once built; when its peak comes out over
-    the target, the planner's target shrinks by that ratio and it plans again (at most three
-    plans; the rewrites not kept are never run).
+    Which plan: simulating, the plans it chooses among are the same for every budget on a
+    graph (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
+    plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites from
+    the least recomputation up, simulates each the same way, and keeps the first whose peak
+    is within the target; the rewrites not kept are never run. So a smaller budget never
+    gets a plan with a larger simulated peak: the peak is monotone in the budget as far as
+    the simulation ranks plans right. A tight budget builds and simulates more rewrites
+    (a Grappler run each, 0.1-6 s at trace time on keras.applications models).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
     `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's simulated
     peak, or the scaled model's when it could not be simulated), `simulated_bytes`,
     `plain_bytes` (simulated, or modelled when not simulating), `modelled_plain_bytes`,
-    `scale` (simulated over modelled plain peak), `correction`, `recomputed_flops`,
-    `forward_flops`, `checkpoints`, `seconds`; read them from `memgrad.analyze` or the
+    `scale` (simulated over modelled plain peak), `candidate` (its index among
+    `candidates`, None for plain backprop or a model-only plan), `tried_bytes` (the peaks of
+    those tried before it, plain backprop's first), `recomputed_flops`, `forward_flops`,
+    `checkpoints`, `seconds`; read them from `memgrad.analyze` or the
     `memgrad.record_rewrites()` log.
 
     Raises:
       TypeError, ValueError: for a limit that is neither bytes nor a fraction in (0, 1].
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
-        in bytes, or as a fraction when the limit was one.
+        in bytes, or as a fraction when the limit was one (simulating: the least simulated
+        peak of all candidates, with the margin; that budget is accepted).
 
     Example:
       ```python
@@ -346,109 +385,114 @@ class Budget(Strategy):
         return self.fraction * plain_bytes if self.fraction is not None else float(self.bytes)
 
     @tf.autograph.experimental.do_not_convert
-    def plan(self, view, correction=1.0, _known=None):
-        """The `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
+    def plan(self, view):
+        """The first `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
 
-        ``correction`` (at most 1) shrinks the memory model's target after a plan's
-        simulated peak came out over the target (see `check`, which passes ``_known``: the
-        planner and simulated plain peak of the first plan, so neither is made again).
+        Simulating, it is plain backprop when its simulated peak fits the budget, else the
+        cheapest candidate plan; `check` moves on to the next candidate while the rewrite's
+        simulated peak is over the target.
         """
         start = time.perf_counter()
-        if _known is None:
-            planner = _Planner(view)
-            simulated = simulated_plain_bytes(view) if self.simulate else None
-        else:
-            planner, simulated = _known
+        planner = _Planner(view)
+        simulated = simulated_plain_bytes(view) if self.simulate else None
         modelled = planner.plain_bytes
         scale = simulated / modelled if simulated and modelled > 0 else 1.0
         plain = modelled * scale
         budget = self.resolve(plain)
         target = budget * (1.0 - self.margin)
-        clamped = False
-        if simulated is not None and budget >= simulated:
-            cuts, peak, cost = [], modelled, 0.0  # plain backprop fits: keep nothing
-        else:
-            try:
-                cuts, peak, cost = planner.plan(target / scale * correction)
-            except BudgetError as error:
-                if simulated is None:
-                    raise _budget_error(
-                        budget, error.smallest_feasible_bytes * scale / (1.0 - self.margin),
-                        plain, margin=self.margin, fraction=self.fraction,
-                    ) from None
-                # Below the leanest plan the model knows: that plan's simulated peak decides
-                # (see `check`), not the model's.
-                cuts, peak, cost = planner.plan(error.smallest_feasible_bytes)
-                clamped = True
-        m = planner.model
+        walk = _Walk(planner=planner, scale=scale, plain_bytes=plain, budget_bytes=budget,
+                     target_bytes=target, start=start)
+        if simulated is not None:
+            if budget >= simulated:
+                return self._plan_for(view, walk, [], modelled, 0.0, index=None)
+            walk.tried.append(simulated)  # plain backprop, over the budget
+            candidates = planner.candidate_plans()
+            if not candidates:
+                raise self._no_plan(walk)
+            cost, peak, cuts = candidates[0]
+            return self._plan_for(view, walk, cuts, peak, cost, index=0)
+        try:
+            cuts, peak, cost = planner.plan(target / scale)
+        except BudgetError as error:
+            raise _budget_error(
+                budget, error.smallest_feasible_bytes * scale / (1.0 - self.margin),
+                plain, margin=self.margin, fraction=self.fraction,
+            ) from None
+        return self._plan_for(view, walk, cuts, peak, cost, index=None)
+
+    def _plan_for(self, view, walk, cuts, peak, cost, index):
+        m = walk.planner.model
         tensors = _absorb_bias(view, m.tensors_for(cuts))
-        forward = float(m.flops.sum())
         details = dict(
-            budget_bytes=budget, target_bytes=target, predicted_bytes=peak * scale,
-            plain_bytes=plain, modelled_plain_bytes=modelled, scale=scale,
-            correction=correction, simulated_bytes=None, leanest=clamped,
-            recomputed_flops=cost, forward_flops=forward, checkpoints=len(tensors),
-            seconds=time.perf_counter() - start,
+            budget_bytes=walk.budget_bytes, target_bytes=walk.target_bytes,
+            predicted_bytes=peak * walk.scale, simulated_bytes=None,
+            plain_bytes=walk.plain_bytes, modelled_plain_bytes=walk.planner.plain_bytes,
+            scale=walk.scale, candidate=index,
+            candidates=None if index is None else len(walk.planner.candidate_plans()),
+            tried_bytes=list(walk.tried), recomputed_flops=cost,
+            forward_flops=float(m.flops.sum()), checkpoints=len(tensors),
+            seconds=time.perf_counter() - walk.start,
         )
         plan = CheckpointPlan(
             mode="budget", tensors=tensors, segments=len(cuts) + 1,
-            activation_bytes=modelled, estimated_bytes=peak, details=details,
+            activation_bytes=walk.planner.plain_bytes, estimated_bytes=peak, details=details,
         )
-        plan._budget_known = (planner, simulated)
+        plan._budget_walk = walk if index is not None else None
         return plan
 
-    def _memory_strategy_plan(self, view, details, leanest_simulated):
-        """The 'memory' strategy's plan, as the last one a budget tries."""
-        plan = memory_plan(view)
-        plan.mode = "budget"
-        plan.details = dict(details, leanest="memory", leanest_simulated=leanest_simulated,
-                            checkpoints=len(plan.tensors), simulated_bytes=None)
-        return plan
+    def _no_plan(self, walk):
+        return _budget_error(walk.budget_bytes, min(walk.tried) / (1.0 - self.margin),
+                             walk.plain_bytes, margin=self.margin, fraction=self.fraction)
 
     @tf.autograph.experimental.do_not_convert
-    def check(self, view, plan, grads, remaining):
+    def check(self, view, plan, grads):
         """After the rewrite of ``plan`` made ``grads``: its simulated peak goes into
-        ``plan.details`` (``simulated_bytes``, and ``predicted_bytes``); returns a new plan
-        made for less when that peak is over the target, else None (keep this one).
+        ``plan.details`` (``simulated_bytes``, and ``predicted_bytes``); returns the next
+        candidate plan when that peak is over the target, else None (keep this one).
 
         Args:
           view: the `ForwardGraph` planned for.
           plan: the plan just rewritten.
           grads: the gradients the rewrite made.
-          remaining: how many more plans may follow; with two left, they are the leanest
-            plan the model knows and the 'memory' strategy's, whose simulated peaks decide
-            whether any plan fits.
 
         Raises:
-          BudgetError: when the leanest plan's simulated peak is over the target too.
+          BudgetError: when every candidate's simulated peak is over the target; it names
+            the least of them (plus the margin), which is a budget that plan fits.
         """
+        walk = getattr(plan, "_budget_walk", None)
+        if walk is None:  # plain backprop, or a plan made on the memory model alone
+            return None
         details = plan.details
         try:
             fetches = _consumed(view.graph, grads)
             simulated = float(simulate_peak(view.graph, fetches).peak_above_baseline_bytes) if fetches else None
-        except Exception:  # noqa: BLE001 - unsimulatable: the memory model's plan stands
+        except Exception:  # noqa: BLE001 - unsimulatable: the scaled model's figure stands
             simulated = None
-        if not simulated:
+        if simulated:
+            details["simulated_bytes"] = details["predicted_bytes"] = simulated
+        peak = details["predicted_bytes"]
+        walk.tried.append(peak)
+        if peak <= details["target_bytes"]:
             return None
-        details["simulated_bytes"] = details["predicted_bytes"] = simulated
-        if simulated <= details["target_bytes"] or not plan.tensors:
-            return None
-        if details["leanest"] == "memory":
-            # The model's leanest plan and the 'memory' strategy's are both over the
-            # target: no plan fits, by the simulation.
-            smallest = min(simulated, details["leanest_simulated"])
-            raise _budget_error(details["budget_bytes"], smallest / (1.0 - self.margin),
-                                details["plain_bytes"], margin=self.margin, fraction=self.fraction)
-        if details["leanest"]:
-            # The memory model ranks plans by its own figures; the 'memory' strategy's
-            # placements are often leaner in fact (ResNet50: 51 vs 101 MiB simulated).
-            return self._memory_strategy_plan(view, details, simulated)
-        if remaining <= 0:
-            return None
-        if remaining <= 2:
-            return self.plan(view, correction=0.0, _known=plan._budget_known)  # the leanest plan
-        correction = details["correction"] * details["target_bytes"] / simulated * 0.98
-        return self.plan(view, correction=correction, _known=plan._budget_known)
+        index = details["candidate"] + 1
+        candidates = walk.planner.candidate_plans()
+        if index >= len(candidates):
+            raise self._no_plan(walk)
+        cost, model_peak, cuts = candidates[index]
+        return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
+
+
+@dataclasses.dataclass
+class _Walk:
+    """A simulating Budget's walk through one graph's candidate plans."""
+
+    planner: "_Planner"
+    scale: float
+    plain_bytes: float
+    budget_bytes: float
+    target_bytes: float
+    start: float
+    tried: list = dataclasses.field(default_factory=list)  # simulated peaks found over
 
 
 def _consumed(graph, grads):

@@ -119,6 +119,28 @@ def _cuts_for(profile, segments):
     return sorted(set(cuts))
 
 
+def memory_cuts(profile):
+    """The 'memory' strategy's cut positions on a `cut_profile`: separators spaced by bytes,
+    with the number of segments that minimises the estimate.
+
+    Returns:
+      `(estimate, cuts)`; `cuts` is empty when no plan beats keeping everything.
+    """
+    n = len(profile.ops)
+    total = float(profile.produced[-1]) if n else 0.0
+    best = (total, [])
+    if n >= 3 and total > 0:
+        max_segments = min(n, 2 * int(math.isqrt(n)) + 3)
+        for segments in range(2, max_segments + 1):
+            cuts = _cuts_for(profile, segments)
+            if not cuts:
+                continue
+            estimate, _ = _plan_estimate(profile, cuts)
+            if estimate < best[0] * 0.999:
+                best = (estimate, cuts)
+    return best
+
+
 def memory_plan(view):
     """Separators spaced by bytes, with the number of segments that minimises the estimate.
 
@@ -132,17 +154,7 @@ def memory_plan(view):
     profile = cut_profile(view)
     n = len(profile.ops)
     total = float(profile.produced[-1]) if n else 0.0
-    best = (total, [], 1)
-    if n >= 3 and total > 0:
-        max_segments = min(n, 2 * int(math.isqrt(n)) + 3)
-        for segments in range(2, max_segments + 1):
-            cuts = _cuts_for(profile, segments)
-            if not cuts:
-                continue
-            estimate, _ = _plan_estimate(profile, cuts)
-            if estimate < best[0] * 0.999:
-                best = (estimate, cuts, segments)
-    estimate, cuts, _ = best
+    estimate, cuts = memory_cuts(profile)
     chosen = {}
     for c in cuts:
         for t in profile.cut(c):
