@@ -158,6 +158,12 @@ def grappler():
             _private("tensorflow.core.protobuf.device_properties_pb2"))
 
 
+def registered_function(name) -> bool:
+    """Whether the eager context already holds a function named ``name`` (a graph imported
+    with a different definition under that name is refused)."""
+    return bool(_private("tensorflow.python.eager.context", "context")().has_function(name))
+
+
 def resource_handle_data(tensor):
     """The (dtype, shape) of the variable a captured resource handle in a graph points to,
     from the handle data TensorFlow attaches to it, or None."""

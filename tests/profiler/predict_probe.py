@@ -133,3 +133,52 @@ def budget_sweep(fractions, batch_size=8):
             memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
             .peak_above_baseline_bytes for i in range(3))[1])
     return result
+
+
+def _xla_inner_step():
+    """A step whose one XLA-compiled call holds a 16 MiB temporary for a scalar result."""
+    weights = tf.Variable(tf.random.normal([256, 2048], seed=1))
+
+    @tf.function(jit_compile=True)
+    def inner(x):
+        return tf.reduce_sum(tf.tanh(tf.matmul(x, weights)))
+
+    @tf.function
+    def step(x):
+        return inner(x) * 2.0
+
+    return step, tf.ones([2048, 256])
+
+
+def _conv_gradient_step():
+    """Gradients of a 1x1 convolution: Eigen's Conv2DBackpropInput/Filter allocate a working
+    set of up to about 32 MiB (without oneDNN), far above the 0.4 MiB tensors."""
+    keras.utils.set_random_seed(0)
+    conv = keras.layers.Conv2D(24, 1)
+    x = tf.ones([16, 16, 16, 96])
+    conv.build(x.shape)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(conv(x) ** 2)
+        return tape.gradient(loss, [x, *conv.trainable_variables])
+
+    return step, x
+
+
+def scratch_predicted_and_measured():
+    """``{name: {"with": bytes, "without": bytes, "measured": bytes}}``: predicted peaks above
+    baseline with and without kernels' measured scratch, and measured (median of three), for
+    a step with an XLA-compiled call and for a convolution's gradients."""
+    result = {}
+    for name, build in (("xla", _xla_inner_step), ("conv", _conv_gradient_step)):
+        step, x = build()
+        result[name] = {
+            "with": memgrad.profiler.predict_peak(step, x).peak_above_baseline_bytes,
+            "without": memgrad.profiler.predict_peak(step, x, scratch=False).peak_above_baseline_bytes,
+            "measured": sorted(memgrad.profiler.measure(step, (x,), device="CPU:0", warmup=int(i == 0))
+                               .peak_above_baseline_bytes for i in range(3))[1],
+        }
+    return result

@@ -15,6 +15,8 @@ FRESH_PROCESSES = {
     "GPT2/memory": dict(target=_PROBE, args=["GPT2", 8, "memory"], env=_ONEDNN["off"], timeout=600),
     "max batch": dict(target="tests.profiler.predict_probe:max_batch_predicted_and_found",
                       args=["160MiB", 0], timeout=900),
+    "scratch": dict(target="tests.profiler.predict_probe:scratch_predicted_and_measured",
+                    env=_ONEDNN["off"], timeout=600),
     "budget sweep": dict(target="tests.profiler.predict_probe:budget_sweep",
                          args=[[1.0, 0.85, 0.7, 0.6, 0.45]], timeout=900),
 }
@@ -104,6 +106,30 @@ def test_predicted_max_batch_is_the_largest_whose_prediction_fits():
 
 
 @pytest.mark.memory
+def test_xla_calls_temporary_buffer_is_measured_and_predicted(fresh_results):
+    """An XLA-compiled call returning a scalar holds a 16 MiB temporary: without the
+    measured scratch the graph shows nothing of it; with it, the prediction is exact
+    (16.0 vs 16.0 MiB)."""
+    r = fresh_results["scratch"]["xla"]
+    assert r["without"] < 0.1 * r["measured"], r
+    assert r["with"] == pytest.approx(r["measured"], rel=0.05), r
+
+
+@pytest.mark.memory
+def test_convolution_scratch_is_measured_and_predicted(fresh_results):
+    """Eigen's 1x1 convolution gradients (oneDNN off) on 0.4 MiB tensors allocate two
+    32 MiB working sets. Predicted with the measured scratch 32.4 MiB (1.9 without); measured
+    34.4 MiB in some runs and 56.8 in others, when the executor's two threads run both
+    gradients at once; the simulation pairs such kernels (see `_scratch_intervals`) but did
+    not pair these two. Asserted: the scratch is predicted, within 10% of the
+    one-at-a-time reading, and not above the measured peak by more than 15%."""
+    r = fresh_results["scratch"]["conv"]
+    assert r["without"] < 0.1 * r["measured"], r
+    assert r["with"] >= 0.9 * min(r["measured"], 34.4 * 2**20), r
+    assert r["with"] <= 1.15 * r["measured"], r
+
+
+@pytest.mark.memory
 @pytest.mark.parametrize("key", ["GPT2/off", "GPT2/on", "GPT2/memory"])
 def test_predicted_peak_within_20_percent_of_measured(fresh_results, key):
     """Issue 21 asks 15%. Plain backprop reads 0.98-1.0 of measured; under 'memory'
@@ -125,22 +151,26 @@ def test_predicted_max_batch_within_20_percent_of_what_fits_on_the_emulated_devi
 
 
 @pytest.mark.memory
-def test_budget_sweep_on_a_keras_hub_backbone_stays_within_10_percent_of_each_budget(fresh_results):
-    """Budget(f) on GPT2Backbone (random init), f from 1.0 down. Budgets are NOT always met
-    here: runs read 33.0 / 19.4 / 21.5 MiB at 0.85 / 0.7 / 0.6 against budgets of
-    35.4 / 29.1 / 25.0, and at 0.6 two other runs read 23.3 and 24.4 MiB against 23.1 (1.3%
-    and 6% over: that rewrite's simulated peak, 20.7 MiB, is 13-18% under its measured one,
-    more than the 10% margin). Asserted: within 10% of each budget. The sweep is NOT
-    monotone either: 0.7 kept a leaner plan than 0.6. Issue 21 stays open on both. Too small
-    a budget raises BudgetError naming the smallest fraction that fits."""
+def test_budget_sweep_on_a_keras_hub_backbone_is_monotone_and_within_each_budget(fresh_results):
+    """Budget(f) on GPT2Backbone (random init), f from 1.0 down. Measured (batch 8, median
+    of three calls): 39.6 / 31.3 / 26.5 / 18.7 MiB at 1.0 / 0.85 / 0.7 / 0.6 against budgets of
+    38.4 / 32.7 / 26.9 / 23.1; 0.45 is refused. Budget(1.0) is plain backprop's simulated
+    peak, which keeps nothing; measured plain backprop reads 1-3% above the simulation.
+    Asserted: the chosen plans' simulated peaks never rise as the budget shrinks (exact),
+    the measured peaks never rise by more than 3% (a plan kept for two budgets is measured
+    twice), every plan measures within 5% of its budget, and too small a budget raises
+    BudgetError naming the smallest fraction that fits."""
     r = fresh_results["budget sweep"]
-    fitted = [(m, b) for m, b in zip(r["measured"], r["budget"]) if m is not None]
+    fitted = [(m, b, p) for m, b, p in zip(r["measured"], r["budget"], r["predicted"]) if m is not None]
     assert len(fitted) >= 4, r
-    peaks = [m for m, _ in fitted]
+    peaks = [m for m, _, _ in fitted]
+    predicted = [p for _, _, p in fitted]
+    assert predicted == sorted(predicted, reverse=True), predicted
+    for larger, smaller in zip(peaks, peaks[1:]):
+        assert smaller <= 1.03 * larger, peaks
     assert max(peaks[1:]) <= 0.9 * peaks[0], peaks  # every plan is below plain backprop
-    # Budget(1.0) is plain backprop's simulated peak: it keeps nothing, and measured plain
-    # backprop reads 1-2% above the simulation. Every smaller budget holds.
-    for measured, budget in fitted[1:]:
-        assert measured <= 1.10 * budget, (measured / 2**20, budget / 2**20)
+    for measured, budget, _ in fitted[1:]:
+        assert measured <= 1.05 * budget, (measured / 2**20, budget / 2**20)
     refused = [f for f in r["smallest_fraction"] if f is not None]
+    assert refused, r  # 0.45 is below every candidate's simulated peak
     assert all(0.45 < f < 1.0 for f in refused), r["smallest_fraction"]

@@ -11,9 +11,11 @@ no activation is allocated: arguments may be `tf.TensorSpec`s.
 `predict_max_batch_size` searches the largest batch whose predicted peak fits a byte limit,
 with one trace per probe.
 
-What the simulation does not see (measured on CPU, see the README): kernels' scratch
-buffers (Eigen's convolutions without oneDNN), the temporary buffers of XLA-compiled
-functions (ConvNeXt's grouped convolutions on CPU), and the allocator's rounding.
+Kernels' scratch buffers, which the graph does not show (Eigen's convolutions without oneDNN,
+oneDNN's primitives, the temporary buffers of XLA-compiled functions such as ConvNeXt's grouped
+convolutions on CPU), are measured by running each distinct such op once alone
+(`memgrad._src.graph.kernels`). The allocator's rounding and the executor's own order of ops
+are not modelled.
 """
 
 import dataclasses
@@ -23,7 +25,9 @@ import time
 import tensorflow as tf
 
 from memgrad._src.arguments import positional_args
+from memgrad._src.graph.kernels import statistics_available
 from memgrad._src.graph.simulate import simulate_peak
+from memgrad._src.profiler.measure import resolve_device
 from memgrad._src.units import format_bytes, parse_bytes
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +80,8 @@ def _concrete_function(fn, args, kwargs):
     return fn.get_concrete_function(*args, **kwargs)
 
 
-def _notes(graph):
-    """What the simulation leaves out for this graph."""
+def _notes(graph, measured):
+    """What the simulation leaves out for this graph (``measured``: kernels' scratch is)."""
     notes = []
     xla = 0
     for op in graph.get_operations():
@@ -89,14 +93,21 @@ def _notes(graph):
     compiled = [f.signature.name for f in library.function
                 if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b]
     if xla or compiled:
-        notes.append(
-            f"{max(xla, len(compiled))} XLA-compiled function(s): their temporary buffers are "
-            "not predicted (XLA plans them when it compiles)")
+        if measured:
+            notes.append(
+                f"{max(xla, len(compiled))} XLA-compiled function(s): each one's temporary "
+                "buffer was measured by running it alone (calls it makes inside another "
+                "compiled function are not)")
+        else:
+            notes.append(
+                f"{max(xla, len(compiled))} XLA-compiled function(s): their temporary buffers "
+                "are not predicted (XLA plans them when it compiles)")
     return tuple(notes)
 
 
 @tf.autograph.experimental.do_not_convert
-def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
+def predict_peak(fn, args=(), kwargs=None, *, optimize=True, scratch=True,
+                 device=None) -> PeakPrediction:
     """Predicts the peak memory of one call of ``fn`` without running it.
 
     ``fn`` is traced for ``args`` (tensors, arrays or `tf.TensorSpec`s: nothing is
@@ -106,9 +117,14 @@ def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
 
     It sees what the step's graph does: activations kept for backprop, gradients, the
     weights' gradients held until the optimizer applies them, a memgrad checkpointing
-    rewrite, custom gradients. It does not see kernels' scratch buffers (large for Eigen's
-    convolutions on a CPU without oneDNN), the temporary buffers of XLA-compiled calls
-    (listed in ``notes``), or the allocator's rounding. Shapes must be static.
+    rewrite, custom gradients. Kernels' scratch buffers, which no graph shows, are measured
+    (``scratch=True``): each distinct convolution and XLA-compiled call of the optimized
+    graph runs once, alone, on zeros of its input shapes, on ``device``, and its
+    allocation above its inputs and outputs is held while that op runs in the simulation.
+    That costs about a second on keras.applications models and the memory of the largest
+    such op; it is not a run of the step. Left out: the allocator's rounding, the
+    executor's own order of ops (it may run several at once), and scratch of other ops.
+    Shapes must be static.
 
     Args:
       fn: a `tf.function` (e.g. a training step), a Python function (wrapped in one), or a
@@ -117,6 +133,11 @@ def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
         `tf.TensorSpec` standing for the one argument.
       kwargs: keyword arguments for tracing.
       optimize: run Grappler's optimizations first, as TensorFlow does at run time.
+      scratch: measure kernels' scratch buffers as above; ``False`` runs nothing at all.
+      device: where kernels' scratch is measured (``'CPU:0'``, ``'GPU:0'``; default: the
+        first GPU if any, else the CPU). Its allocator must keep statistics (a GPU's, or the
+        CPU's BFC allocator, which importing memgrad selects); otherwise scratch is left out
+        and ``notes`` says so.
 
     Returns:
       A `PeakPrediction`; ``peak_above_baseline_bytes`` is comparable to
@@ -143,10 +164,19 @@ def predict_peak(fn, args=(), kwargs=None, *, optimize=True) -> PeakPrediction:
     args = positional_args(args) if not isinstance(args, tf.TensorSpec) else (args,)
     concrete = _concrete_function(fn, args, dict(kwargs or {}))
     graph = concrete.graph
-    simulated = simulate_peak(graph, [*graph.outputs, *graph.control_outputs], optimize=optimize)
+    kernels, unmeasured = None, ()
+    if scratch:
+        kernels = resolve_device(device)
+        if not statistics_available(kernels):
+            unmeasured = (f"kernels' scratch buffers are not measured: {kernels} keeps no memory "
+                          "statistics (set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts)",)
+            kernels = None
+    notes = _notes(graph, kernels is not None) + unmeasured
+    simulated = simulate_peak(graph, [*graph.outputs, *graph.control_outputs], optimize=optimize,
+                              kernels=kernels)
     return PeakPrediction(peak_bytes=simulated.peak_bytes, variable_bytes=simulated.variable_bytes,
                           input_bytes=simulated.input_bytes, seconds=time.perf_counter() - start,
-                          notes=_notes(graph))
+                          notes=notes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +198,7 @@ class BatchPrediction:
 
 
 def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
-                           optimize=True) -> BatchPrediction:
+                           optimize=True, scratch=True, device=None) -> BatchPrediction:
     """Predicts the largest batch size whose step fits under ``limit`` bytes, without
     running a step: each probe traces ``build(batch_size)`` and calls `predict_peak`.
 
@@ -185,7 +215,8 @@ def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
       high: the largest batch size considered.
       overhead_bytes: bytes the device holds besides the step's graph (the runtime's own
         buffers, other models), added to each prediction.
-      optimize: passed to `predict_peak`.
+      optimize, scratch, device: passed to `predict_peak` (``scratch`` runs each distinct
+        convolution once alone per probe, at that batch size).
 
     Returns:
       A `BatchPrediction`.
@@ -215,7 +246,8 @@ def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
                 raise ValueError("predict_max_batch_size expects build(batch_size) to return "
                                  f"(fn, args) or (fn, args, kwargs). Received: {built!r}")
             fn, args, *rest = built
-            prediction = predict_peak(fn, args, rest[0] if rest else None, optimize=optimize)
+            prediction = predict_peak(fn, args, rest[0] if rest else None, optimize=optimize,
+                                      scratch=scratch, device=device)
             predicted[batch] = prediction.peak_bytes + int(overhead_bytes)
         return predicted[batch]
 

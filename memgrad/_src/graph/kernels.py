@@ -1,0 +1,188 @@
+"""Kernels' scratch buffers, measured: the memory an op allocates while it runs beyond its
+outputs, which no graph shows.
+
+On a CPU without oneDNN, Eigen's convolution gradients allocate a working set of up to about
+32 MiB each (`Conv2DBackpropInput` on a 16x16x16x24 input: 33 MiB); with oneDNN, its
+primitives hold their own buffers; an XLA-compiled call allocates one temporary buffer for
+everything it computes (ConvNeXt's grouped convolutions on CPU: 220 MiB). `kernel_scratch`
+runs each distinct such op of a graph once, alone, on zeros of its input shapes, and reads the
+allocator's peak above its inputs and outputs. Distinct means op, attributes, input shapes
+and constant inputs; results are cached for the process, per device.
+
+The ops are run eagerly through a one-node function, so TensorFlow applies the same kernel
+selection (oneDNN's rewrites included) as when it runs the step. Needs an allocator that keeps
+statistics (`tf.config.experimental.get_memory_info`): a GPU's, or the CPU's BFC allocator,
+which importing memgrad selects.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+
+_CACHE = {}  # (device, kernel key) -> scratch bytes
+
+
+def _compiled(node, compiled_functions):
+    """Whether ``node`` is an XLA-compiled call: marked itself, or calling a function that is
+    (attributes are read without adding them)."""
+    if "_XlaMustCompile" in node.attr and node.attr["_XlaMustCompile"].b:
+        return True
+    return "f" in node.attr and node.attr["f"].func.name in compiled_functions
+
+
+def _has_scratch(node, compiled_functions):
+    """Ops measured: convolutions (Eigen's and oneDNN's working sets) and XLA-compiled calls."""
+    return "Conv" in node.op or _compiled(node, compiled_functions)
+
+
+def _inputs(node, nodes, outputs):
+    """Per data input: ``("const", NodeDef)`` for a constant (shape arguments must keep their
+    values), else ``(dtype, shape)`` from the simulation, or None when unknown."""
+    found = []
+    for entry in node.input:
+        if entry.startswith("^"):
+            continue
+        source, _, index = entry.partition(":")
+        producer = nodes.get(source)
+        if producer is not None and producer.op in ("Const", "HostConst"):
+            found.append(("const", producer))
+        elif producer is not None and producer.op == "VarHandleOp":
+            found.append(("variable", producer))
+        else:
+            found.append(outputs.get((source, int(index or 0))))
+    return found
+
+
+def _key(node, inputs):
+    def described(item):
+        kind, value = item
+        if kind == "const":
+            return ("const", value.attr["value"].SerializeToString(deterministic=True))
+        if kind == "variable":
+            return ("variable", value.attr["dtype"].type,
+                    tuple(tf.TensorShape(value.attr["shape"].shape).as_list()))
+        return (kind.name, tuple(value.as_list()))
+
+    attrs = tuple(sorted((name, value.SerializeToString(deterministic=True))
+                         for name, value in node.attr.items() if not name.startswith("_output_shapes")))
+    return node.op, tuple(described(item) for item in inputs), attrs
+
+
+def _one_node_function(node, inputs, library):
+    """A concrete function running ``node`` alone on placeholders of its input shapes."""
+    graph_def = tf.compat.v1.GraphDef()
+    if library is not None:
+        # Functions the process knows already (the step's own, under the same names) are
+        # used as registered; Grappler's optimized copies may differ and cannot replace them.
+        known = tf_internals.registered_function
+        graph_def.library.function.extend(
+            f for f in library.function if not known(f.signature.name))
+        graph_def.library.gradient.extend(library.gradient)
+    fed = []
+    for position, (kind, value) in enumerate(inputs):
+        source = graph_def.node.add()
+        if kind == "const":
+            source.CopyFrom(value)
+            del source.input[:]
+        else:
+            fed.append(position)
+            source.op = "Placeholder"
+            if kind == "variable":
+                source.attr["dtype"].type = tf.resource.as_datatype_enum
+                source.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
+            else:
+                source.attr["dtype"].type = kind.as_datatype_enum
+                source.attr["shape"].shape.CopyFrom(value.as_proto())
+        source.name = f"memgrad_input_{position}"
+        source.device = ""
+    kernel = graph_def.node.add()
+    kernel.CopyFrom(node)
+    kernel.name = "memgrad_kernel"
+    kernel.device = ""
+    del kernel.input[:]
+    kernel.input.extend(f"memgrad_input_{position}" for position in range(len(inputs)))
+    for name in [name for name in kernel.attr if name.startswith("_output_shapes")]:
+        del kernel.attr[name]
+
+    def body(*tensors):
+        (operation,) = tf.graph_util.import_graph_def(
+            graph_def, input_map={f"memgrad_input_{p}:0": t for p, t in zip(fed, tensors)},
+            return_elements=["memgrad_kernel"], name="")
+        return list(operation.outputs)
+
+    specs = [tf.TensorSpec([], tf.resource) if inputs[p][0] == "variable"
+             else tf.TensorSpec(inputs[p][1], inputs[p][0]) for p in fed]
+    function = tf.compat.v1.wrap_function(body, specs)
+    return function, fed
+
+
+def _measure(node, inputs, library, device):
+    run, fed = _one_node_function(node, inputs, library)
+    with tf.device(device):
+        variables = []
+        arguments = []
+        for p in fed:
+            kind, value = inputs[p]
+            if kind == "variable":
+                variables.append(tf.Variable(tf.zeros(tf.TensorShape(value.attr["shape"].shape),
+                                                      tf.as_dtype(value.attr["dtype"].type))))
+                arguments.append(variables[-1].handle)
+            else:
+                arguments.append(tf.zeros(value, kind))
+        run(*arguments)  # the first call builds the kernel (and compiles XLA)
+        tf.config.experimental.reset_memory_stats(device)
+        before = tf.config.experimental.get_memory_info(device)["current"]
+        results = run(*arguments)
+        peak = tf.config.experimental.get_memory_info(device)["peak"]
+        produced = sum(int(np.prod(r.shape)) * r.dtype.size for r in tf.nest.flatten(results)
+                       if r.dtype not in (tf.resource, tf.variant))
+        del results
+    return max(int(peak - before - produced), 0)
+
+
+def statistics_available(device):
+    """Whether ``device``'s allocator keeps the statistics `kernel_scratch` reads."""
+    try:
+        with tf.init_scope():
+            tf.config.experimental.get_memory_info(device)
+    except (ValueError, tf.errors.OpError):
+        return False
+    return True
+
+
+def kernel_scratch(graph_def, outputs, device="CPU:0"):
+    """Scratch bytes per node of ``graph_def`` for its convolutions and XLA-compiled calls.
+
+    Args:
+      graph_def: the (optimized) `GraphDef` whose ops are measured.
+      outputs: ``{(node name, port): (dtype, TensorShape)}`` of the graph's tensors.
+      device: where to run the kernels, e.g. ``'CPU:0'`` or ``'GPU:0'``.
+
+    Returns:
+      ``{node name: bytes}`` for the nodes measured (nodes with unknown input shapes, and
+      ops that fail alone, are left out).
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    compiled_functions = {f.signature.name for f in graph_def.library.function
+                          if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b}
+    found = {}
+    with tf.init_scope():
+        for node in graph_def.node:
+            if not _has_scratch(node, compiled_functions):
+                continue
+            inputs = _inputs(node, nodes, outputs)
+            if any(item is None or (item[0] not in ("const", "variable")
+                                    and not item[1].is_fully_defined())
+                   for item in inputs):
+                continue
+            key = (device, _key(node, inputs))
+            if key not in _CACHE:
+                library = graph_def.library if _compiled(node, compiled_functions) else None
+                try:
+                    _CACHE[key] = _measure(node, inputs, library, device)
+                except (tf.errors.OpError, ValueError, TypeError):
+                    _CACHE[key] = None  # an op that cannot run alone: its scratch is left out
+            if _CACHE[key]:
+                found[node.name] = _CACHE[key]
+    return found
