@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from memgrad._src.checkpointing.strategies import CheckpointPlan, Strategy, _absorb_bias, _cuts_for, memory_cuts
 from memgrad._src.graph.memory_model import MemoryModel
+from memgrad._src.graph.kernels import measuring_device
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
 
@@ -309,11 +310,15 @@ class Budget(Strategy):
       limit: bytes (an int, or a string such as `"96MiB"` or `"1.5GB"`), or a float in
         (0, 1]: a fraction of plain backprop's simulated peak. A budget at or above it keeps
         nothing and recomputes nothing.
-      margin: the share of the budget held back for what neither model sees (kernels'
-        scratch buffers, allocator rounding, the executor's schedule): plans are made for a
-        predicted peak of at most `(1 - margin) * limit`.
+      margin: the share of the budget held back for what the simulation does not see (the
+        allocator's rounding, the executor's own order of ops, oneDNN's buffers): plans are
+        made for a simulated peak of at most `(1 - margin) * limit`.
       simulate: simulate plain backprop as above (default). ``False`` uses the planner's
         memory model alone, as before issue 21.
+      scratch: count kernels' scratch buffers in the simulations, measured as
+        `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
+        call runs once alone on zeros, at trace time; results are cached for the process).
+        ``False`` runs nothing while planning.
 
     Which plan: simulating, the plans it chooses among are the same for every budget on a
     graph (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
@@ -350,11 +355,14 @@ class Budget(Strategy):
 
     name = "budget"
 
-    def __init__(self, limit, margin=0.1, simulate=True):
+    def __init__(self, limit, margin=0.1, simulate=True, scratch=True):
         if not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
             raise ValueError(f"Budget margin must lie in [0, 1). Received: {margin!r}")
         if not isinstance(simulate, bool):
             raise TypeError(f"Budget simulate must be True or False. Received: {simulate!r}")
+        if not isinstance(scratch, bool):
+            raise TypeError(f"Budget scratch must be True or False. Received: {scratch!r}")
+        self.scratch = scratch
         self.margin = float(margin)
         self.simulate = simulate
         if isinstance(limit, bool) or not isinstance(limit, (int, float, str)):
@@ -394,14 +402,15 @@ class Budget(Strategy):
         """
         start = time.perf_counter()
         planner = _Planner(view)
-        simulated = simulated_plain_bytes(view) if self.simulate else None
+        kernels = measuring_device() if self.simulate and self.scratch else None
+        simulated = simulated_plain_bytes(view, kernels) if self.simulate else None
         modelled = planner.plain_bytes
         scale = simulated / modelled if simulated and modelled > 0 else 1.0
         plain = modelled * scale
         budget = self.resolve(plain)
         target = budget * (1.0 - self.margin)
         walk = _Walk(planner=planner, scale=scale, plain_bytes=plain, budget_bytes=budget,
-                     target_bytes=target, start=start)
+                     target_bytes=target, start=start, kernels=kernels)
         if simulated is not None:
             if budget >= simulated:
                 return self._plan_for(view, walk, [], modelled, 0.0, index=None)
@@ -465,7 +474,8 @@ class Budget(Strategy):
         details = plan.details
         try:
             fetches = _consumed(view.graph, grads)
-            simulated = float(simulate_peak(view.graph, fetches).peak_above_baseline_bytes) if fetches else None
+            simulated = float(simulate_peak(view.graph, fetches, kernels=walk.kernels)
+                              .peak_above_baseline_bytes) if fetches else None
         except Exception:  # noqa: BLE001 - unsimulatable: the scaled model's figure stands
             simulated = None
         if simulated:
@@ -492,6 +502,7 @@ class _Walk:
     budget_bytes: float
     target_bytes: float
     start: float
+    kernels: str = None  # where kernels' scratch is measured, or None
     tried: list = dataclasses.field(default_factory=list)  # simulated peaks found over
 
 
@@ -505,7 +516,7 @@ def _consumed(graph, grads):
 
 
 @tf.autograph.experimental.do_not_convert
-def simulated_plain_bytes(view):
+def simulated_plain_bytes(view, kernels=None):
     """Plain backprop's peak above the baseline for ``view``, simulated by Grappler on a plain
     `tf.gradients` traced on the side, or None when it cannot be simulated (then the memory
     model's figure stands).
@@ -519,7 +530,7 @@ def simulated_plain_bytes(view):
         fetches = _consumed(view.graph, grads)
         if not fetches:
             return None
-        simulated = simulate_peak(view.graph, fetches).peak_above_baseline_bytes
+        simulated = simulate_peak(view.graph, fetches, kernels=kernels).peak_above_baseline_bytes
     except Exception:  # noqa: BLE001 - an unsimulatable graph plans on the memory model alone
         return None
     return float(simulated) if simulated > 0 else None

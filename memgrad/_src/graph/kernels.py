@@ -21,6 +21,7 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 
 _CACHE = {}  # (device, kernel key) -> scratch bytes
+_VARIABLES = 0  # resources made for kernels reading a variable
 
 
 def _compiled(node, compiled_functions):
@@ -120,14 +121,15 @@ def _one_node_function(node, inputs, library):
 def _measure(node, inputs, library, device):
     run, fed = _one_node_function(node, inputs, library)
     with tf.device(device):
-        variables = []
-        arguments = []
+        handles, arguments = [], []
         for p in fed:
             kind, value = inputs[p]
             if kind == "variable":
-                variables.append(tf.Variable(tf.zeros(tf.TensorShape(value.attr["shape"].shape),
-                                                      tf.as_dtype(value.attr["dtype"].type))))
-                arguments.append(variables[-1].handle)
+                # A bare resource, not a tf.Variable: no variable creator (a distribution
+                # strategy's) sees it.
+                handles.append(_zeros_variable(tf.as_dtype(value.attr["dtype"].type),
+                                               tf.TensorShape(value.attr["shape"].shape)))
+                arguments.append(handles[-1])
             else:
                 arguments.append(tf.zeros(value, kind))
         run(*arguments)  # the first call builds the kernel (and compiles XLA)
@@ -138,7 +140,25 @@ def _measure(node, inputs, library, device):
         produced = sum(int(np.prod(r.shape)) * r.dtype.size for r in tf.nest.flatten(results)
                        if r.dtype not in (tf.resource, tf.variant))
         del results
+        for handle in handles:
+            tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
     return max(int(peak - before - produced), 0)
+
+
+def _zeros_variable(dtype, shape):
+    global _VARIABLES
+    _VARIABLES += 1
+    handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape, container="",
+                                    shared_name=f"memgrad_kernel_scratch_{_VARIABLES}")
+    tf.raw_ops.AssignVariableOp(resource=handle, value=tf.zeros(shape, dtype))
+    return handle
+
+
+def measuring_device():
+    """Where kernels' scratch is measured by default: the first GPU if any, else the CPU;
+    None when that device's allocator keeps no statistics."""
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    return device if statistics_available(device) else None
 
 
 def statistics_available(device):
