@@ -255,6 +255,31 @@ def test_bad_budgets_are_rejected(bad, error):
         memgrad.strategies.Budget(bad)
     with pytest.raises(ValueError, match="margin"):
         memgrad.strategies.Budget("1MiB", margin=1.0)
+    with pytest.raises(TypeError, match="scratch must be True or False. Received: 'yes'"):
+        memgrad.strategies.Budget("1MiB", scratch="yes")
+
+
+def test_budget_counts_an_xla_calls_temporary_buffer():
+    """A 16 MiB temporary inside an XLA-compiled call is counted in the Budget's simulated
+    plain peak when scratch is measured (the default), and not without."""
+    weights = [tf.Variable(tf.random.normal([256, 2048], seed=1))]
+
+    @tf.function(jit_compile=True)
+    def inner(x, w):
+        return tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+
+    def plain_for(budget):
+        @tf.function
+        def step(x):
+            return memgrad.gradients(inner(x, weights[0]) * 2.0, weights, checkpoints=budget)
+
+        with memgrad.record_rewrites() as log:
+            step.get_concrete_function(tf.TensorSpec([2048, 256]))
+        return log[-1].plan.details["plain_bytes"]
+
+    with_scratch = plain_for(memgrad.strategies.Budget(1.0))
+    without = plain_for(memgrad.strategies.Budget(1.0, scratch=False))
+    assert with_scratch >= without + 15 * 2**20, (with_scratch / 2**20, without / 2**20)
 
 
 @pytest.mark.slow
