@@ -190,8 +190,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
       checkpoints: `'memory'` (separators spaced by bytes, about sqrt(n) of them),
         `'speed'` (outputs of matrix products and convolutions), `'collection'` (tensors
         marked with `memgrad.checkpoint`), a list of tensors to keep, or
-        `memgrad.strategies.Budget(bytes_or_fraction)`: the least recomputation whose predicted
-        activation peak fits the budget.
+        `memgrad.strategies.Budget(bytes_or_fraction)`: the plan recomputing least, among a
+        fixed set of candidates, whose simulated peak fits the budget.
       name: a name scope for the gradient ops.
       **kwargs: passed to `tf.gradients`: `gate_gradients`, `aggregation_method`,
         `stop_gradients`, `unconnected_gradients`, `colocate_gradients_with_ops`.

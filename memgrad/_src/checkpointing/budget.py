@@ -327,7 +327,7 @@ class Budget(Strategy):
     is within the target; the rewrites not kept are never run. So a smaller budget never
     gets a plan with a larger simulated peak: the peak is monotone in the budget as far as
     the simulation ranks plans right. A tight budget builds and simulates more rewrites
-    (a Grappler run each, 0.1-6 s at trace time on keras.applications models).
+    (a Grappler run each, 1-10 s at trace time on keras.applications models).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
     `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's simulated
