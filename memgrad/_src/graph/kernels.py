@@ -24,34 +24,46 @@ _CACHE = {}  # (device, kernel key) -> scratch bytes
 _VARIABLES = 0  # resources made for kernels reading a variable
 
 
-def _compiled(node, compiled_functions):
+def data_inputs(node):
+    """The ``(producer name, output index)`` of each data input of a NodeDef, in order
+    (control inputs, ``^name``, left out)."""
+    for entry in node.input:
+        if not entry.startswith("^"):
+            source, _, index = entry.partition(":")
+            yield source, int(index or 0)
+
+
+def compiled_functions(library):
+    """Names of the functions of a `FunctionDefLibrary` marked for XLA compilation."""
+    return {f.signature.name for f in library.function
+            if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b}
+
+
+def _compiled(node, compiled):
     """Whether ``node`` is an XLA-compiled call: marked itself, or calling a function that is
     (attributes are read without adding them)."""
     if "_XlaMustCompile" in node.attr and node.attr["_XlaMustCompile"].b:
         return True
-    return "f" in node.attr and node.attr["f"].func.name in compiled_functions
+    return "f" in node.attr and node.attr["f"].func.name in compiled
 
 
-def _has_scratch(node, compiled_functions):
+def _has_scratch(node, compiled):
     """Ops measured: convolutions (Eigen's and oneDNN's working sets) and XLA-compiled calls."""
-    return "Conv" in node.op or _compiled(node, compiled_functions)
+    return "Conv" in node.op or _compiled(node, compiled)
 
 
 def _inputs(node, nodes, outputs):
     """Per data input: ``("const", NodeDef)`` for a constant (shape arguments must keep their
     values), else ``(dtype, shape)`` from the simulation, or None when unknown."""
     found = []
-    for entry in node.input:
-        if entry.startswith("^"):
-            continue
-        source, _, index = entry.partition(":")
+    for source, index in data_inputs(node):
         producer = nodes.get(source)
         if producer is not None and producer.op in ("Const", "HostConst"):
             found.append(("const", producer))
         elif producer is not None and producer.op == "VarHandleOp":
             found.append(("variable", producer))
         else:
-            found.append(outputs.get((source, int(index or 0))))
+            found.append(outputs.get((source, index)))
     return found
 
 
@@ -187,12 +199,11 @@ def kernel_scratch(graph_def, outputs, device="CPU:0"):
       ops that fail alone, are left out).
     """
     nodes = {node.name: node for node in graph_def.node}
-    compiled_functions = {f.signature.name for f in graph_def.library.function
-                          if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b}
+    compiled = compiled_functions(graph_def.library)
     found = {}
     with tf.init_scope():
         for node in graph_def.node:
-            if not _has_scratch(node, compiled_functions):
+            if not _has_scratch(node, compiled):
                 continue
             inputs = _inputs(node, nodes, outputs)
             if any(item is None or (item[0] not in ("const", "variable")
@@ -201,7 +212,7 @@ def kernel_scratch(graph_def, outputs, device="CPU:0"):
                 continue
             key = (device, _key(node, inputs))
             if key not in _CACHE:
-                library = graph_def.library if _compiled(node, compiled_functions) else None
+                library = graph_def.library if _compiled(node, compiled) else None
                 try:
                     _CACHE[key] = _measure(node, inputs, library, device)
                 except (tf.errors.OpError, ValueError, TypeError):

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.graph.kernels import kernel_scratch
+from memgrad._src.graph.kernels import data_inputs, kernel_scratch
 
 # The one device of the virtual cluster. Its speed figures matter only for the simulated
 # time, which is not used; memory is accounted per tensor from static shapes.
@@ -25,13 +25,11 @@ _DEVICE_NAME = "/job:localhost/replica:0/task:0/device:CPU:0"
 @dataclasses.dataclass(frozen=True)
 class SimulatedPeak:
     """Attributes: ``peak_bytes`` (everything held at the peak, variables and inputs
-    included), ``variable_bytes``, ``input_bytes``, ``largest_scratch_bytes`` (the largest
-    kernel scratch buffer counted, 0 when none was measured)."""
+    included), ``variable_bytes``, ``input_bytes``."""
 
     peak_bytes: int
     variable_bytes: int
     input_bytes: int
-    largest_scratch_bytes: int = 0
 
     @property
     def peak_above_baseline_bytes(self) -> int:
@@ -102,22 +100,16 @@ def _scratch_intervals(nodes, timing, scratch, threads):
 
     Two scratch-holding ops that read the same tensor and are next to each other among them
     in the schedule (a convolution's input and filter gradients, both reading the incoming
-    gradient) are
-    ready at once, and with two or more inter-op threads the executor may run them together:
+    gradient) are ready at once, and with two or more inter-op threads the executor may run
+    them together:
     the pair then holds both buffers from the first's start to the second's end. Measured on
     one such pair: 57 or 34 MiB in identical runs with two threads (two 32 MiB working sets,
     overlapping or not), 34 MiB with one thread; the simulation counts the overlap.
     """
 
     def reads(name):
-        found = set()
-        for entry in nodes[name].input:
-            if entry.startswith("^"):
-                continue
-            source, _, index = entry.partition(":")
-            if nodes.get(source) is None or nodes[source].op not in _NOT_ALLOCATED:
-                found.add((source, int(index or 0)))
-        return found
+        return {(source, index) for source, index in data_inputs(nodes[name])
+                if nodes.get(source) is None or nodes[source].op not in _NOT_ALLOCATED}
 
     ordered = sorted((name for name in scratch if name in nodes and name in timing),
                      key=lambda name: timing[name])
@@ -168,22 +160,18 @@ def _replay(graph_def, step_stats, fetched, scratch=None, threads=1):
         node = nodes.get(name)
         if node is None or node.op not in _ALIASES:
             continue
-        data = [i for i in node.input if not i.startswith("^")]
+        data = list(data_inputs(node))
         for port in range(len(data) if node.op == "IdentityN" else 1):
             if port < len(data):
-                source, _, index = data[port].partition(":")
-                buffer_of[(name, port)] = (source, int(index or 0))
+                buffer_of[(name, port)] = data[port]
     free_at = {}
     for name in ordered:
         node = nodes.get(name)
         if node is None:
             continue
         end = timing[name][1]
-        for entry in node.input:
-            if entry.startswith("^"):
-                continue
-            source, _, index = entry.partition(":")
-            buffer = owner((source, int(index or 0)))
+        for tensor in data_inputs(node):
+            buffer = owner(tensor)
             free_at[buffer] = max(free_at.get(buffer, 0), end)
     horizon = max((end for _, end in timing.values()), default=0) + 1
     for fetch in fetched:
@@ -250,4 +238,4 @@ def simulate_peak(graph, fetches, optimize=True, kernels=None) -> SimulatedPeak:
         scratch = kernel_scratch(meta.graph_def, _output_descriptions(step_stats), kernels)
     transient = _replay(meta.graph_def, step_stats, set(names), scratch, inter_op_threads())
     return SimulatedPeak(int(transient + variable_bytes + input_bytes), int(variable_bytes),
-                         int(input_bytes), int(max(scratch.values(), default=0)) if scratch else 0)
+                         int(input_bytes))

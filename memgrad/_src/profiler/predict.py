@@ -25,7 +25,7 @@ import time
 import tensorflow as tf
 
 from memgrad._src.arguments import positional_args
-from memgrad._src.graph.kernels import statistics_available
+from memgrad._src.graph.kernels import compiled_functions, statistics_available
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.profiler.measure import resolve_device
 from memgrad._src.units import format_bytes, parse_bytes
@@ -89,9 +89,7 @@ def _notes(graph, measured):
         if ("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b) or (
                 "_xla_compile_id" in attrs):
             xla += 1
-    library = graph.as_graph_def().library
-    compiled = [f.signature.name for f in library.function
-                if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b]
+    compiled = compiled_functions(graph.as_graph_def().library)
     if xla or compiled:
         if measured:
             notes.append(
