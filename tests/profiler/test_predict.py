@@ -84,6 +84,8 @@ def test_bad_input_names_what_was_expected():
         predict_peak(concrete, tf.ones([8, 256]))
     with pytest.raises(TypeError, match="kwargs to be a dict"):
         predict_peak(step, tf.TensorSpec([8, 256]), kwargs=[1])
+    with pytest.raises(ValueError, match="Expected a device name such as 'CPU:0'.*Received: 'TPU:7'"):
+        predict_peak(step, tf.TensorSpec([8, 256]), device="TPU:7")
     with pytest.raises(ValueError, match="1 <= low <= high"):
         predict_max_batch_size(lambda b: (step, tf.TensorSpec([b, 256])), "1GiB", low=0)
     with pytest.raises(ValueError, match=r"\(fn, args\) or \(fn, args, kwargs\)"):
