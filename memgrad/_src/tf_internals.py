@@ -111,6 +111,43 @@ is_resource_variable = _private("tensorflow.python.ops.resource_variable_ops", "
 graph_or_parents_in_xla_context = _private("tensorflow.python.ops.control_flow_util",
                                            "GraphOrParentsInXlaContext")
 
+# while_v2 and cond_v2: a loop's gradient is built by `_WhileGrad`, which reads the loop's
+# body and condition as FuncGraphs (`_get_graph`) and may rewrite the forward op to output
+# per-step accumulators. memgrad.gradients builds a loop's gradient in segments of steps
+# (memgrad._src.checkpointing.loops) with the same pieces; TensorFlow exports none of them.
+while_gradient = _private("tensorflow.python.ops.while_v2", "_WhileGrad")
+while_function_graph = _private("tensorflow.python.ops.while_v2", "_get_graph")
+while_zeros_like = _private("tensorflow.python.ops.while_v2", "_zeros_like")
+function_graph_of = _private("tensorflow.python.ops.control_flow_util_v2", "get_func_graph")
+add_function_to_graph = _private("tensorflow.python.ops.control_flow_util_v2",
+                                 "create_new_tf_function")
+clear_control_inputs = _private("tensorflow.python.ops.control_flow_util_v2",
+                                "clear_control_inputs")
+WhileCondFuncGraph = _private("tensorflow.python.ops.control_flow_util_v2", "WhileCondFuncGraph")
+func_graph_from_py_func = _private("tensorflow.python.framework.func_graph",
+                                   "func_graph_from_py_func")
+op_def_of = _private("tensorflow.python.framework.op_def_registry", "get")
+# A process-wide counter: names of functions added to a graph's library must be unique across
+# every graph the process traces (the eager context holds them all).
+unique_id = _private("tensorflow.python.framework.ops", "uid")
+# Operation's own editing methods (what _WhileGrad uses to add outputs to a forward loop) and
+# its per-op gradient override, the instance attribute `_gradient_function`, which
+# get_gradient_function reads first (checked on an op by tests/test_tf_internals.py).
+for _name in ("_set_func_attr", "_set_type_list_attr", "_set_shape_list_attr",
+              "_add_while_inputs", "_add_outputs"):
+    _private_member(tf.Operation, _name, "tf.Operation")
+
+
+def graph_function_definition(graph, name):
+    """The FunctionDef named ``name`` in ``graph``'s library or an enclosing graph's, or None."""
+    while graph is not None:
+        found = graph._get_function(name)
+        if found is not None:
+            return found.cached_definition
+        graph = getattr(graph, "outer_graph", None)
+    return None
+
+
 # Keras's global SeedGenerator (behind unseeded keras.random.* ops), created on first use:
 # `recompute` makes sure it exists before a forward pass it replays, since Keras defers the
 # initialisation of a variable created inside a stateless scope.

@@ -4,6 +4,7 @@ from memgrad._src.checkpointing.analyze import Analysis, analyze
 from memgrad._src.checkpointing.budget import Budget, BudgetError, CurvePoint, budget_curve
 from memgrad._src.checkpointing.api import Rewrite, checkpoint, gradients, monkey_patch, record_rewrites, unpatch
 from memgrad._src.checkpointing.keras_hook import disable_checkpointing, enable_checkpointing
+from memgrad._src.checkpointing.loops import LoopRecord
 from memgrad._src.checkpointing.marker import Checkpoint
 from memgrad._src.checkpointing.strategies import CheckpointPlan
 from memgrad._src.checkpointing.tape import GradientTape
@@ -17,6 +18,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointPlan",
     "GradientTape",
+    "LoopRecord",
     "Rewrite",
     "record_rewrites",
     "analyze",

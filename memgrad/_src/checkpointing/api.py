@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate
+from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
 from memgrad._src.checkpointing.budget import Budget
 from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, choose
@@ -37,10 +38,16 @@ class Rewrite:
       segments: segments of the forward pass recomputed separately (0: no rewrite).
       copied_ops: forward ops copied for recomputation.
       checkpoints: tensors kept.
-      fallback: True when nothing was worth keeping and plain `tf.gradients` ran.
+      fallback: True when plain `tf.gradients` ran instead of the rewrite: nothing was worth
+        keeping, or the rewrite could not handle the graph (`fallback_reason` says why; a
+        warning said so too).
       estimated_bytes: the strategy's estimate of the activation peak.
       gradient_seconds: time spent inside `tf.gradients` while building the rewrite.
       plan: the `CheckpointPlan` (``plan.details`` holds a `Budget`'s figures), or None.
+      loops: one `memgrad.LoopRecord` per forward loop differentiated: whether its
+        gradient ran in segments of steps, replayed the whole loop, or kept TensorFlow's
+        per-step intermediates, and why.
+      fallback_reason: why the rewrite fell back to plain `tf.gradients` ('' if it did not).
     """
 
     mode: str
@@ -51,6 +58,8 @@ class Rewrite:
     estimated_bytes: float = 0.0
     gradient_seconds: float = 0.0
     plan: object = None
+    loops: tuple = ()
+    fallback_reason: str = ""
 
 
 @contextlib.contextmanager
@@ -254,8 +263,17 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         # y gets that y's incoming gradient (ones by default); any other x, None or zeros.
         _record(mode="unconnected")
         return _identity_gradients(ys, xs, grad_ys, unconnected)
-    plan = choose(view, checkpoints)
-    if not plan.tensors:
+    plain = functools.partial(
+        _TF_GRADIENTS_V1, ys, xs, grad_ys=grad_ys, name=name,
+        stop_gradients=stop_gradients or None, unconnected_gradients=unconnected, **kwargs)
+    strategy = as_strategy(checkpoints)
+    mode = getattr(strategy, "name", "strategy")
+    unsupported = _unsupported_op(view)
+    if unsupported is not None:
+        return _fall_back(plain, mode, None, unsupported)
+    plan = choose(view, strategy)
+    loops = any(op.type in LOOP_TYPES for op in view.ops)
+    if not plan.tensors and not (loops and plan.loops == "segments"):
         if plan.mode != "budget":  # a budget plain backprop fits needs nothing kept
             warnings.warn(
                 f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
@@ -263,36 +281,96 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
                 stacklevel=2,
             )
         _record(mode=plan.mode, fallback=True, plan=plan)
-        return _TF_GRADIENTS_V1(
-            ys, xs, grad_ys=grad_ys, name=name, stop_gradients=stop_gradients or None,
-            unconnected_gradients=unconnected, **kwargs,
-        )
+        return plain()
     gradients_fn = functools.partial(
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
-    strategy = as_strategy(checkpoints)
-    with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
-        while True:
-            grads, rewrite = rewrite_gradients(
-                view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients
-            )
-            if not (isinstance(strategy, Budget) and strategy.simulate):
-                break
-            # The rewritten graph's own peak, simulated: over the target, the next candidate
-            # plan (the rewrite just built is never run: unneeded ops are pruned).
-            following = strategy.check(view, plan, grads)
-            if following is None:
-                break
-            plan = following
-        _record(
-            copied_ops=rewrite.copied_ops, segments=rewrite.segments,
-            gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
-            mode=plan.mode, estimated_bytes=plan.estimated_bytes, plan=plan,
-        )
-        if unconnected == tf.UnconnectedGradients.ZERO:
-            grads = [
-                tf.zeros_like(x) if g is None else g for g, x in zip(grads, xs)
-            ]
+    try:
+        with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
+            while True:
+                grads, rewrite = rewrite_gradients(
+                    view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients,
+                    loops=plan.loops,
+                )
+                if not (isinstance(strategy, Budget) and strategy.simulate):
+                    break
+                # The rewritten graph's own peak, simulated: over the target, the next
+                # candidate plan (the rewrite just built is never run: unneeded ops are
+                # pruned).
+                following = strategy.check(view, plan, grads)
+                if following is None:
+                    break
+                plan = following
+    except _REWRITE_ERRORS as error:
+        return _fall_back(plain, plan.mode, plan,
+                          f"building the rewrite raised {type(error).__name__}: {error}")
+    lost = _lost_gradients(ys, xs, grads, grad_ys, stop_gradients)
+    if lost is not None:
+        return _fall_back(plain, plan.mode, plan, lost)
+    _record(
+        copied_ops=rewrite.copied_ops, segments=rewrite.segments,
+        gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
+        mode=plan.mode, estimated_bytes=plan.estimated_bytes, plan=plan,
+        loops=tuple(rewrite.loops.records),
+    )
+    if unconnected == tf.UnconnectedGradients.ZERO:
+        grads = [
+            tf.zeros_like(x) if g is None else g for g, x in zip(grads, xs)
+        ]
     return grads
+
+
+# Errors a rewrite that cannot handle a graph raises while it is built; each makes
+# memgrad.gradients fall back to plain tf.gradients for that graph, with a warning.
+_REWRITE_ERRORS = (ValueError, TypeError, KeyError, LookupError, AssertionError,
+                   NotImplementedError, tf.errors.OpError)
+# TensorFlow 1 control flow (tf.compat.v1 with control flow v1): frames the rewrite can
+# neither copy nor cut.
+_V1_CONTROL_FLOW = frozenset({
+    "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+    "NextIteration", "RefNextIteration", "LoopCond",
+})
+
+
+def _unsupported_op(view):
+    """Why the rewrite cannot handle ``view``'s graph (naming the op), or None."""
+    for op in view.ops:
+        if op.type in _V1_CONTROL_FLOW:
+            return (f"op '{op.name}' ({op.type}) is TensorFlow 1 control flow, which the "
+                    "rewrite can neither copy nor cut")
+    return None
+
+
+def _fall_back(plain, mode, plan, reason):
+    """Plain tf.gradients for a graph the rewrite cannot handle, with one warning."""
+    warnings.warn(
+        f"memgrad.gradients(checkpoints={mode!r}) cannot rewrite this graph: {reason}. "
+        "Using plain tf.gradients for it (no memory saved).",
+        stacklevel=3,
+    )
+    _record(mode=mode, fallback=True, plan=plan, fallback_reason=reason)
+    return plain()
+
+
+def _lost_gradients(ys, xs, grads, grad_ys, stop_gradients):
+    """Checks the rewrite's invariant: no x gets None where tf.gradients gives a gradient.
+
+    Only the xs the rewrite left without a gradient are checked, with TensorFlow's own
+    tf.gradients (its ops are pruned unless used). Returns a reason naming the first x
+    that lost its gradient, or None.
+    """
+    missing = [i for i, g in enumerate(grads) if g is None]
+    if not missing:
+        return None
+    reference = _TF_GRADIENTS_V1(
+        ys, [xs[i] for i in missing], grad_ys=grad_ys, stop_gradients=stop_gradients or None,
+        name="memgrad_check")
+    for i, g in zip(missing, reference):
+        if g is not None:
+            x = xs[i]
+            label = getattr(x, "name", None) or repr(x)
+            return (f"the rewrite lost the gradient of xs[{i}] ('{label}'), which "
+                    "tf.gradients computes (a memgrad bug: please report it)")
+    return None
 
 
 @tf.autograph.experimental.do_not_convert

@@ -22,7 +22,11 @@ loss back to the inputs:
 
 Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
 custom-gradient ops, resource ops) are never copied: their inputs and outputs become
-checkpoints and their gradient is taken on the original op.
+checkpoints and their gradient is taken on the original op. Ops joined by TensorList
+(variant) tensors, such as a loop with the lists it reads and writes, form one unit
+(`ForwardGraph.unit_of`) that is differentiated as a whole, never cut. A loop's own gradient
+is built by `memgrad._src.checkpointing.loops`: in segments of steps, so that the forward
+pass keeps only every k-th step's state.
 """
 
 import collections
@@ -34,13 +38,15 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate, dense
+from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
 from memgrad._src.graph.memory_model import gradient_function
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
 from memgrad._src.recompute import Gate
 
 
 class _Rewrite:
-    def __init__(self, view, checkpoints, gradients_fn, kwargs, stop_gradients=()):
+    def __init__(self, view, checkpoints, gradients_fn, kwargs, stop_gradients=(),
+                 loops="segments"):
         self.view = view
         self.graph = view.graph
         self._gradients_fn = gradients_fn
@@ -48,12 +54,15 @@ class _Rewrite:
         self.gradient_seconds = 0.0  # spent in TensorFlow's own gradient construction
         self.copied_ops = 0
         self.segments = 0
+        self.loops = LoopGradients(
+            loops, xla=tf_internals.graph_or_parents_in_xla_context(self.graph))
         self.checkpoints = {}
         self.dead = set()
         for t in checkpoints:
-            self._add(t)
+            if not view.is_interior(t):  # inside a unit: its boundaries are kept instead
+                self._add(t)
         for t in stop_gradients:
-            if view.is_forward(t.op):
+            if view.is_forward(t.op) and not view.is_interior(t):
                 self._add(t)
                 self.dead.add(t.ref())
         self._add_atomic_boundaries()
@@ -83,17 +92,18 @@ class _Rewrite:
         self.checkpoints.setdefault(t.ref(), t)
 
     def _add_atomic_boundaries(self):
+        """Keeps the floating inputs and outputs of every unit that is not recomputed."""
         view = self.view
         for op in view.ops:
             if view.recomputable(op) or is_variable_read(op):
                 continue
             for t in op.inputs:
-                if t.dtype.is_floating and view.is_forward(t.op) and (
+                if t.dtype.is_floating and view.is_forward(t.op) and not view.is_interior(t) and (
                     view.variable_index_of_read(t) is None
                 ):
                     self._add(t)
             for t in op.outputs:
-                if t.dtype.is_floating and view.feeds_region(t):
+                if t.dtype.is_floating and view.feeds_region(t) and not view.is_interior(t):
                     self._add(t)
 
     def _add_siblings(self):
@@ -101,7 +111,8 @@ class _Rewrite:
         for t in list(self.checkpoints.values()):
             if len(t.op.outputs) > 1:
                 for s in t.op.outputs:
-                    if s.dtype.is_floating and self.view.feeds_region(s):
+                    if s.dtype.is_floating and self.view.feeds_region(s) and (
+                            not self.view.is_interior(s)):
                         self._add(s)
 
     # ------------------------------------------------------------------ segments
@@ -136,7 +147,7 @@ class _Rewrite:
                 preds[ref] = {r for r in boundary if r in self.checkpoints}
             else:
                 preds[ref] = {
-                    i.ref() for i in t.op.inputs if i.ref() in self.checkpoints
+                    i.ref() for i in self._unit_inputs(t.op) if i.ref() in self.checkpoints
                 }
             preds[ref].discard(ref)
         order = nx.DiGraph()
@@ -297,24 +308,9 @@ class _Rewrite:
                     route(t, grad)
                     if grad is not None:
                         previous.append(_dense_parts(grad))
-            for op in {t.op: None for t in atomic}:
-                ins = [t for t in op.inputs if self._atomic_source(t)]
-                if not ins:
-                    continue
-                if gradient_function(op) is not None:
-                    # The op's own gradient function, called directly: tf.gradients with
-                    # the inputs as sources would stop at (and mishandle) a function call
-                    # that produced one of them.
-                    for t, grad in self._gradient_in_place(op, incoming, self._atomic_source):
-                        route(t, grad)
-                    continue
-                outs = [t for t in atomic if t.op is op]
-                grads = self.gradients_fn(
-                    outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
-                    stop_gradients=ins, **self.kwargs,
-                )
-                self.segments += 1
-                for t, grad in zip(ins, grads):
+            for unit in {view.unit_of(t.op): None for t in atomic}:
+                outs = [t for t in atomic if view.unit_of(t.op) is unit]
+                for t, grad in self._unit_gradient(unit, outs, incoming):
                     route(t, grad)
 
         results = []
@@ -323,6 +319,46 @@ class _Rewrite:
             parts = (kept.get(ref, []) if ref in self.checkpoints else []) + x_parts.get(ref, [])
             results.append(aggregate(parts) if parts else None)
         return results
+
+    def _unit_inputs(self, op):
+        """The inputs of ``op``'s unit that come from outside it, once each."""
+        unit = self.view.unit_of(op)
+        found = {}
+        for member in unit:
+            for t in member.inputs:
+                if t.op not in unit:
+                    found.setdefault(t.ref(), t)
+        return list(found.values())
+
+    def _unit_gradient(self, unit, outs, incoming):
+        """(input, gradient) pairs of a unit that is not recomputed, from its outputs' gradients.
+
+        A single op's own gradient function is called directly (tf.gradients with the inputs
+        as sources would stop at, and mishandle, a function call that produced one of them);
+        a unit of several ops (a loop with its lists) goes through tf.gradients from its
+        outputs to its inputs. A loop's gradient is `LoopGradients.gradient` either way.
+        """
+        ins = [t for t in self._unit_inputs(unit[0]) if self._atomic_source(t)]
+        if not ins:
+            return []
+        if len(unit) == 1 and self._gradient_function(unit[0]) is not None:
+            return self._gradient_in_place(unit[0], incoming, self._atomic_source)
+        loops = self.loops.install(unit)
+        try:
+            grads = self.gradients_fn(
+                outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
+                stop_gradients=ins, **self.kwargs,
+            )
+        finally:
+            self.loops.uninstall(loops)
+        self.segments += 1
+        return list(zip(ins, grads))
+
+    def _gradient_function(self, op):
+        """The gradient function the rewrite uses for ``op``: `LoopGradients` for a loop."""
+        if op.type in LOOP_TYPES:
+            return self.loops.gradient
+        return gradient_function(op)
 
     def _differentiable_in_place(self, op):
         """Can `op`'s gradient be taken on the original op, with nothing recomputed?
@@ -356,7 +392,7 @@ class _Rewrite:
                 grad = tf_internals.zeros_like_for_gradient(op, i)
             out_grads.append(grad)
         with tf.name_scope(op.name.split("/")[-1] + "_grad"):
-            in_grads = gradient_function(op)(op, *out_grads)
+            in_grads = self._gradient_function(op)(op, *out_grads)
         if not isinstance(in_grads, (list, tuple)):
             in_grads = [in_grads]
         self.segments += 1
@@ -375,7 +411,8 @@ def _dense_parts(grad):
     return [grad]
 
 
-def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gradients=()):
+def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gradients=(),
+                      loops="segments"):
     """Gradients of `view.ys` with respect to `view.xs`, recomputing between checkpoints.
 
     Args:
@@ -385,10 +422,12 @@ def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gra
       gradients_fn: TensorFlow's own `tf.gradients`, used on each segment.
       kwargs: further arguments for `gradients_fn` (`gate_gradients`, ...).
       stop_gradients: tensors gradients must not flow through.
+      loops: how forward loops are differentiated: ``'segments'`` or ``'kept'``
+        (`memgrad._src.checkpointing.loops.LoopGradients`).
 
     Returns:
       A pair: one gradient (or None) per x, and the `_Rewrite` with its counters
-      (`copied_ops`, `segments`).
+      (`copied_ops`, `segments`) and its loops' records (``rewrite.loops.records``).
     """
-    rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients)
+    rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients, loops)
     return rewrite.run(grad_ys), rewrite

@@ -44,6 +44,10 @@ class CheckpointPlan:
         largest recomputed segment).
       details: strategy-specific figures (a `Budget` records its budget, target, predicted
         and plain peaks, recomputed FLOPs and planning time here).
+      loops: how the forward pass's loops (``tf.while_loop``, ``tf.scan``, Keras RNN
+        layers) are differentiated: ``'segments'`` (the forward keeps every k-th step's
+        state, k about sqrt(steps), and the backward replays a segment of steps at a time)
+        or ``'kept'`` (TensorFlow's own loop gradient: every step's intermediates are kept).
     """
 
     mode: str
@@ -53,6 +57,7 @@ class CheckpointPlan:
     activation_bytes: float = 0.0
     estimated_bytes: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
+    loops: str = "segments"
 
 
 # Ops that add a parameter to their input: a checkpoint is moved past them (see _absorb).
@@ -199,7 +204,9 @@ def speed_plan(view):
                 chosen.setdefault(t.ref(), t)
     # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
     # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
-    return _plan_from_tensors(view, "speed", list(chosen.values()), absorb=False)
+    plan = _plan_from_tensors(view, "speed", list(chosen.values()), absorb=False)
+    plan.loops = "kept"  # a loop's steps are not recomputed either
+    return plan
 
 
 def collection_plan(view, collection=COLLECTION):

@@ -165,6 +165,7 @@ class ForwardGraph:
         self.activation_ops = [op for op in self.ops if op not in self._parameter_like]
         self._activation_set = set(self.activation_ops)
         self._recomputable = {}
+        self._units = None
         self._nx = None
 
     # ------------------------------------------------------------------ construction
@@ -304,6 +305,58 @@ class ForwardGraph:
             return False
         return op in self.op_set or op not in self._data_dependent
 
+    def unit_of(self, op):
+        """The forward ops the rewrite treats as one with ``op``.
+
+        Ops joined by TensorList (variant) tensors form one unit: a loop with the lists it
+        reads and writes (``tf.scan``'s unstacked input, a ``TensorArray``'s writes and the
+        stack after the loop), since a gradient through a list needs the whole structure.
+        Any other op is a unit by itself. Returns a tuple of ops in forward order.
+        """
+        if self._units is None:
+            self._units = self._find_units()
+        return self._units.get(op, (op,))
+
+    def _find_units(self):
+        """{op: its unit} for the ops joined by variant tensors (union-find over those edges)."""
+        parent = {}
+
+        def root(op):
+            while parent.get(op, op) is not op:
+                op = parent[op]
+            return op
+
+        joined = set()
+        for op in self.ops:
+            for t in op.outputs:
+                if t.dtype != tf.variant:
+                    continue
+                for consumer in t.consumers():
+                    if consumer in self.op_set:
+                        joined.update((op, consumer))
+                        a, b = root(op), root(consumer)
+                        if a is not b:
+                            parent[b] = a
+        members = {}
+        for op in joined:
+            members.setdefault(root(op), []).append(op)
+        units = {}
+        for group in members.values():
+            unit = tuple(sorted(group, key=self._order.__getitem__))
+            for op in unit:
+                units[op] = unit
+        return units
+
+    def is_interior(self, tensor):
+        """True for a tensor the rewrite can never keep on its own: a TensorList or a
+        resource handle, or a tensor that only ops of its own unit consume (`unit_of`)."""
+        if tensor.dtype in (tf.variant, tf.resource):
+            return True
+        unit = self.unit_of(tensor.op)
+        if len(unit) == 1 or tensor.ref() in self.y_refs:
+            return False
+        return all(c in unit for c in tensor.consumers() if c in self.region)
+
     def tensor_bytes(self, tensor):
         return tensor_bytes(tensor, self.unknown_dim)
 
@@ -315,9 +368,12 @@ class ForwardGraph:
         return any(c in self.region for c in tensor.consumers())
 
     def activation_outputs(self, op):
-        """Outputs of an activation op that other activation ops (or ys) consume."""
+        """Outputs of an activation op that other activation ops (or ys) consume, and that
+        a plan may keep (not `is_interior`)."""
         out = []
         for t in op.outputs:
+            if self.is_interior(t):
+                continue
             if t.ref() in self.y_refs or any(
                 c in self._activation_set for c in t.consumers()
             ):

@@ -1,0 +1,498 @@
+"""Loops in the rewrite: the gradient of a forward `While` op, in segments of steps.
+
+TensorFlow differentiates a loop (``tf.while_loop``, ``tf.scan``, ``tf.map_fn``, ``tf.foldl``,
+Keras's RNN layers) by rewriting the forward `While` op so that every step pushes what its
+gradient will read onto accumulators, then running a reverse loop that pops them: memory
+grows with the number of steps T. Inside `memgrad.gradients` a loop's gradient is built by
+`LoopGradients` instead, in one of three ways, recorded per loop as a `LoopRecord`:
+
+- ``'segments'``: the forward loop keeps only its carried state (the loop variables that
+  change) at the start of every k-th step, k about sqrt(T). The backward pass is a loop over
+  the segments, last first: each replays its k steps from the kept state (a copy of the loop,
+  cut to those steps) and differentiates the replay with TensorFlow's own loop gradient. It
+  holds about T/k states plus one segment's intermediates, O(sqrt T), for one more forward
+  pass of the loop. A segment starts from a kept state, so its loop variables must be state
+  (tensors) or output lists the body only writes (a ``TensorArray`` it writes once per step).
+- ``'replay'``: the whole loop runs again from its inputs once its gradient is needed and that
+  replay is differentiated. The forward pass keeps nothing of the loop; the backward holds
+  every step's intermediates while the loop's gradient runs. Used where segments do not
+  apply: a loop variable that is neither state nor a written output list, a loop counter
+  that does not start at zero, few steps, or XLA (whose lists need compile-time sizes).
+- ``'kept'``: TensorFlow's own gradient of the forward op, which keeps every step's
+  intermediates from the forward pass on (what ``checkpoints='speed'`` asks for, and what a
+  loop gets whose body runs a stateful op: a second run would draw other random numbers or
+  update a variable twice).
+
+Whatever the way, the gradient is TensorFlow's gradient of the same steps: equal to
+`tf.gradients` up to float rounding.
+"""
+
+import dataclasses
+import math
+import warnings
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from memgrad._src import tf_internals
+
+LOOP_TYPES = frozenset({"While", "StatelessWhile"})
+CONTROL_FLOW_TYPES = LOOP_TYPES | {"If", "StatelessIf", "Case", "StatelessCase"}
+# Stateful op types that read state without changing it: a second run returns the same.
+_READ_ONLY_STATEFUL = frozenset({
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+    "VarIsInitializedOp", "Assert",
+})
+# Ops calling functions: stateful as a type, judged by what their functions run.
+_CALL_TYPES = CONTROL_FLOW_TYPES | {"PartitionedCall", "StatefulPartitionedCall"}
+# Fewer steps than this are replayed whole: segments would save too little to pay for
+# their bookkeeping.
+MIN_SEGMENTED_STEPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopRecord:
+    """How `memgrad.gradients` differentiated one forward loop.
+
+    Attributes:
+      name: the `While` op's name.
+      mode: ``'segments'``, ``'replay'`` or ``'kept'`` (see `memgrad.gradients`).
+      steps_per_segment: k, the steps each segment replays (``'segments'`` only, else 0).
+      reason: why the loop was not differentiated in segments (empty when it was).
+    """
+
+    name: str
+    mode: str
+    steps_per_segment: int = 0
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------- what a loop runs
+def _function_names(attrs):
+    for value in attrs.values():
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            for func in value.list.func:
+                yield func.name
+
+
+def stateful_op_in(op):
+    """The first op in `op`'s functions (recursively) that a second run would not repeat.
+
+    Args:
+      op: an op calling functions (`While`, `If`, a call).
+
+    Returns:
+      ``(op type, node name)`` of a stateful op other than a read, or None. An op type
+      TensorFlow does not know counts as stateful.
+    """
+    seen = set()
+    stack = list(_function_names(op.node_def.attr))
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        definition = tf_internals.graph_function_definition(op.graph, name)
+        if definition is None:
+            return (name, name)
+        for node in definition.node_def:
+            stack.extend(_function_names(node.attr))
+            if tf_internals.graph_function_definition(op.graph, node.op) is not None:
+                stack.append(node.op)  # a call by the function's name
+                continue
+            op_def = tf_internals.op_def_of(node.op)
+            if op_def is None:
+                return (node.op, node.name)
+            if (op_def.is_stateful and node.op not in _READ_ONLY_STATEFUL
+                    and node.op not in _CALL_TYPES):
+                return (node.op, node.name)
+    return None
+
+
+def _static_int(tensor):
+    """The value of a scalar integer tensor known at trace time (a constant, or the max/min
+    of one, as Keras's RNN gives its loop), or None."""
+    value = tf.get_static_value(tensor)
+    op = tensor.op
+    if value is None and op.type in ("Max", "Min") and len(op.inputs) == 2:
+        data, axis = (tf.get_static_value(t) for t in op.inputs)
+        if data is not None and axis is not None:
+            reduce = data.max if op.type == "Max" else data.min
+            value = reduce(axis=tuple(int(a) for a in tf.nest.flatten(axis.tolist())))
+    if value is None or getattr(value, "ndim", 0) != 0:
+        return None
+    return int(value)
+
+
+def _unwrapped(tensor):
+    while tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    return tensor
+
+
+def _is_zeros(grad):
+    """A gradient tf.gradients filled in for an unused output (ZerosLike): no information."""
+    return isinstance(grad, tf.Tensor) and grad.op.type == "ZerosLike"
+
+
+# ---------------------------------------------------------------------- loop variables
+# Kinds of a loop variable (an input of the While op, the same-index input and output of
+# its body):
+#   'counter'    the loop counter and the maximum iterations (inputs 0 and 1, while_v2's own)
+#   'invariant'  passed through unchanged (captured tensors, variables' handles, lists read)
+#   'state'      any other tensor the body changes (RNN states, scan's carry, an index)
+#   'list'       a TensorList the body only writes, one item per step (a TensorArray's writes)
+#   'junk'       a list the body only writes or pushes to whose value no gradient reaches
+#                (TensorFlow's own accumulators, when tf.gradients differentiated it before)
+def _variable_kinds(op, body, grads):
+    """The kind of each loop variable, or ``(None, reason)`` when segments cannot hold it."""
+    kinds = ["counter", "counter"]
+    for i in range(2, len(body.inputs)):
+        inner, out = body.inputs[i], _unwrapped(body.outputs[i])
+        if out is inner:
+            kinds.append("invariant")
+            continue
+        if inner.dtype != tf.variant:
+            kinds.append("state")
+            continue
+        consumers = inner.consumers()
+        writer = consumers[0] if len(consumers) == 1 else None
+        if writer is None or out.op is not writer:
+            return None, (f"loop variable {i} is a list the body reads or changes in "
+                          "another way than writing it")
+        if grads[i] is None and writer.type in ("TensorListSetItem", "TensorListPushBack"):
+            kinds.append("junk")
+        elif writer.type == "TensorListSetItem" and not writer.get_attr(
+                "resize_if_index_out_of_bounds"):
+            kinds.append("list")
+        else:
+            return None, (f"loop variable {i} is a list the body grows ({writer.type}), "
+                          "so a segment cannot start from its initial value")
+    return kinds, ""
+
+
+def _steps_estimate(op):
+    """A likely number of steps for a loop with no static bound: the length of a list it
+    reads or writes (a TensorArray's size), else 1024. Only the segment length depends on it."""
+    lengths = []
+    for t in op.inputs:
+        if t.op.type == "TensorListReserve":
+            lengths.append(_static_int(t.op.inputs[1]))
+        elif t.op.type == "TensorListFromTensor":
+            lengths.append(t.op.inputs[0].shape[0] if t.op.inputs[0].shape.rank else None)
+    lengths = [n for n in lengths if n]
+    return max(lengths) if lengths else 1024
+
+
+def _segment_length(steps):
+    return max(1, math.isqrt(max(steps - 1, 0)) + 1)
+
+
+# ---------------------------------------------------------------------- building blocks
+def _attr_types(dtypes):
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+        type=[d.as_datatype_enum for d in dtypes]))
+
+
+def _attr_shapes(shapes):
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+        shape=[tf.TensorShape(s).as_proto() for s in shapes]))
+
+
+def _attr_function(name):
+    return attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=name))
+
+
+def _loop_copy(op, inputs, attrs, name):
+    """A new `While` op like ``op`` on ``inputs``, ready for `tf_internals.while_gradient`.
+
+    Its body and condition are fresh FuncGraphs with names of their own: the gradient
+    renames and redefines them (to add accumulators), which must not clash between copies.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    types = [t.dtype for t in inputs]
+    with graph.device(op.device) if op.device else _nothing():
+        copy = graph.create_op(op.type, inputs, types, name=name, attrs=attrs)
+    shapes = [tf.TensorShape(s) for s in copy.get_attr("output_shapes")]
+    for attr_name, key in (("_body_graph", "body"), ("_cond_graph", "cond")):
+        function = tf_internals.function_graph_of(copy, shapes, copy.get_attr(key).name)
+        function.name = f"{function.name}_memgrad_{tf_internals.unique_id()}"
+        setattr(copy, attr_name, function)
+    return copy
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _waiting(tensors, prerequisites):
+    """``tensors`` that only exist once every prerequisite does (a control dependency)."""
+    prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
+    if not prerequisites:
+        return list(tensors)
+    with tf.control_dependencies(prerequisites):
+        return [tf.identity(t) if t.dtype != tf.resource else t for t in tensors]
+
+
+# ---------------------------------------------------------------------- gradients
+class LoopGradients:
+    """Builds the gradients of the forward loops of one `memgrad.gradients` call.
+
+    Args:
+      policy: ``'segments'`` (differentiate loops in segments of steps where that applies)
+        or ``'kept'`` (TensorFlow's own loop gradient).
+      xla: whether the graph is traced for XLA (segments then give way to replays).
+
+    Attributes:
+      records: one `LoopRecord` per loop differentiated, in the order they were.
+    """
+
+    def __init__(self, policy="segments", xla=False):
+        if policy not in ("segments", "kept"):
+            raise ValueError(f"policy must be 'segments' or 'kept'. Received: {policy!r}")
+        self.policy = policy
+        self.xla = xla
+        self.records = []
+
+    def install(self, ops):
+        """Makes tf.gradients use this object for the loops among ``ops``; returns them."""
+        loops = [op for op in ops if op.type in LOOP_TYPES]
+        for op in loops:
+            op._gradient_function = self.gradient
+        return loops
+
+    @staticmethod
+    def uninstall(loops):
+        for op in loops:
+            op._gradient_function = None
+
+    def gradient(self, op, *grads):
+        """The gradient function of the forward loop ``op`` (TensorFlow's signature)."""
+        op._gradient_function = None  # a second differentiation gets TensorFlow's own
+        informative = [None if _is_zeros(g) else g for g in grads]
+        mode, length, reason = self._decide(op, informative)
+        self.records.append(LoopRecord(op.name, mode, length if mode == "segments" else 0,
+                                       reason))
+        if mode == "kept":
+            if reason.startswith("its body"):
+                warnings.warn(
+                    f"memgrad.gradients: loop '{op.name}' is not recomputed: {reason}. Its "
+                    "gradient keeps every step's intermediates, as tf.gradients does.",
+                    stacklevel=2)
+            return tf_internals.while_gradient(op, *grads)
+        if mode == "replay":
+            return self._replayed(op, grads)
+        return self._segmented(op, informative, length)
+
+    def _decide(self, op, grads):
+        """``(mode, steps per segment, reason)`` for the loop ``op``."""
+        if self.policy == "kept":
+            return "kept", 0, "the strategy keeps loop intermediates"
+        stateful = stateful_op_in(op)
+        if stateful is not None:
+            return "kept", 0, (f"its body runs the stateful op {stateful[0]} "
+                               f"('{stateful[1]}'), which a second run would not repeat")
+        if self.xla:
+            return "replay", 0, "segments need list sizes XLA cannot fix at compile time"
+        if _static_int(op.inputs[0]) != 0:
+            return "replay", 0, "its step counter does not start at zero"
+        body = tf_internals.while_function_graph(op, "body", "_body_graph")
+        kinds, reason = _variable_kinds(op, body, grads)
+        if kinds is None:
+            return "replay", 0, reason
+        bound = _static_int(op.inputs[1])
+        if bound is not None and bound < 0:
+            bound = None
+        if bound is not None and bound < MIN_SEGMENTED_STEPS:
+            return "replay", 0, f"it runs at most {bound} steps"
+        return "segments", _segment_length(bound or _steps_estimate(op)), ""
+
+    # ------------------------------------------------------------------ replay
+    def _replayed(self, op, grads):
+        """Differentiates a copy of the whole loop that runs once the gradients arrive."""
+        inputs = _waiting(op.inputs, grads)
+        attrs = dict(op.node_def.attr)
+        copy = _loop_copy(op, inputs, attrs, "memgrad_replay")
+        return list(tf_internals.while_gradient(copy, *grads))
+
+    # ------------------------------------------------------------------ segments
+    def _segmented(self, op, grads, length):
+        count = len(op.inputs)
+        body = tf_internals.while_function_graph(op, "body", "_body_graph")
+        kinds, _ = _variable_kinds(op, body, grads)
+        body_name = op.get_attr("body").name
+        shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")][:count]
+        original_inputs = list(op.inputs)
+        states = [i for i, kind in enumerate(kinds) if kind == "state"]
+        snapshots = self._keep_states(op, body, states, length, shapes)
+        condition = self._segment_condition(op, original_inputs)
+        attrs = {
+            "T": _attr_types([t.dtype for t in original_inputs]),
+            "output_shapes": _attr_shapes(shapes),
+            "parallel_iterations": op.node_def.attr["parallel_iterations"],
+            "body": _attr_function(body_name),
+            "cond": _attr_function(condition),
+            "_num_original_outputs": attr_value_pb2.AttrValue(i=count),
+        }
+        chained, initial = self._chained_gradients(op, body, kinds, grads)
+        if not chained:
+            return [None] * len(op.inputs)
+        steps = op.outputs[0]
+
+        def segment(s, *incoming):
+            # One segment: its kept state, its steps replayed, their gradient.
+            s, = _waiting([s], incoming)
+            inputs = list(original_inputs)
+            inputs[0] = tf.zeros([], inputs[0].dtype)
+            inputs[1] = tf.cast(tf.minimum(length, steps - s * length), inputs[1].dtype)
+            for i, kept in zip(states, snapshots):
+                inputs[i] = tf.raw_ops.TensorListGetItem(
+                    input_handle=kept, index=s, element_shape=_shape_tensor(shapes[i]),
+                    element_dtype=inputs[i].dtype)
+                inputs[i].set_shape(shapes[i])
+            replay = _loop_copy(op, inputs, attrs, "memgrad_segment")
+            out_grads = [None] * count
+            for i, grad in zip(chained, incoming):
+                out_grads[i] = grad
+            in_grads = tf_internals.while_gradient(replay, *out_grads)
+            following = []
+            for i, before in zip(chained, incoming):
+                grad = in_grads[i]
+                if grad is None:
+                    grad = before if kinds[i] == "invariant" else tf.zeros_like(before)
+                following.append(_dense(grad))
+            return [s - 1] + following
+
+        segments = (steps + (length - 1)) // length
+        variables = [segments - 1] + initial
+        invariants = [tf.TensorShape([])] + [_relaxed(t) for t in initial]
+        results = tf.while_loop(
+            lambda s, *_: s >= 0, segment, variables, shape_invariants=invariants,
+            parallel_iterations=1, name="memgrad_segments")
+        in_grads = [None] * len(op.inputs)
+        for i, start, grad in zip(chained, initial, results[1:]):
+            grad.set_shape(start.shape)
+            in_grads[i] = grad
+        return in_grads
+
+    @staticmethod
+    def _keep_states(op, body, states, length, shapes):
+        """Rewrites the forward loop to also output its state at every segment's start.
+
+        Step t writes its incoming state to slot ceil(t / k): the last write to slot s is
+        step s*k's, the start of segment s. The slots are TensorLists, passed as new loop
+        variables the way TensorFlow's own gradient adds its accumulators.
+        """
+        if not states:
+            return []
+        bound = _static_int(op.inputs[1])
+        slots = (bound - 1 + length - 1) // length + 1 if bound and bound > 0 else None
+        graph = op.graph
+        empty = []
+        with graph.as_default(), tf_internals.clear_control_inputs():
+            with graph.device(op.device) if op.device else _nothing():
+                for i in states:
+                    empty.append(tf.raw_ops.TensorListReserve(
+                        element_shape=_shape_tensor(shapes[i]),
+                        num_elements=slots if slots is not None else 0,
+                        element_dtype=op.inputs[i].dtype, name="memgrad_kept_states"))
+        condition = tf_internals.while_function_graph(op, "cond", "_cond_graph")
+        with body.as_default():
+            step = body.inputs[0]
+            slot = (step + (length - 1)) // length
+            for i, initial in zip(states, empty):
+                kept = body.capture(initial)
+                body.outputs.append(tf.raw_ops.TensorListSetItem(
+                    input_handle=kept, index=slot, item=body.inputs[i],
+                    resize_if_index_out_of_bounds=slots is None))
+        with condition.as_default():
+            for initial in empty:
+                condition.capture(initial)
+        suffix = f"_memgrad_kept_states_{tf_internals.unique_id()}"
+        body.name += suffix
+        condition.name += suffix
+        op._set_func_attr("cond", tf_internals.add_function_to_graph(condition))
+        op._set_func_attr("body", tf_internals.add_function_to_graph(body))
+        op._set_type_list_attr("T", body.output_types)
+        op._set_shape_list_attr("output_shapes", body.output_shapes)
+        op._add_while_inputs(empty)
+        op._add_outputs([t.dtype for t in empty], [t.shape for t in empty])
+        op._body_graph, op._cond_graph = body, condition
+        return op.outputs[len(op.outputs) - len(empty):]
+
+    @staticmethod
+    def _segment_condition(op, inputs):
+        """A loop condition that runs the step counter up to the second loop variable."""
+        name = f"memgrad_segment_cond_{tf_internals.unique_id()}"
+        signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
+        condition = tf_internals.func_graph_from_py_func(
+            name, lambda step, limit, *_: step < limit, [], {}, signature=signature,
+            func_graph=tf_internals.WhileCondFuncGraph(name))
+        return tf_internals.add_function_to_graph(condition)
+
+    @staticmethod
+    def _chained_gradients(op, body, kinds, grads):
+        """The loop variables whose gradient runs through the segments, and its start.
+
+        States and written lists pass their gradient from a segment to the one before it;
+        invariants (captured tensors, variables, lists read) collect theirs, each segment
+        adding its part to what the later ones gave: with no gradient yet, that starts at
+        zero (a list of the same length and no items, for a list read).
+        """
+        chained, initial = [], []
+        for i, kind in enumerate(kinds):
+            t, grad = op.inputs[i], grads[i]
+            if kind in ("counter", "junk") or not (
+                    t.dtype.is_floating or t.dtype.is_complex
+                    or t.dtype in (tf.resource, tf.variant)):
+                continue
+            if kind == "list" and grad is None:
+                continue
+            if grad is None:
+                if t.dtype == tf.resource:
+                    grad = tf_internals.while_zeros_like(t, op.outputs[i])
+                elif t.dtype == tf.variant:
+                    grad = _empty_like_list(t, body.inputs[i])
+                else:
+                    grad = tf.zeros_like(t)
+            if grad is None:
+                continue
+            chained.append(i)
+            initial.append(_dense(grad))
+        return chained, initial
+
+
+def _dense(grad):
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _relaxed(tensor):
+    return tf.TensorShape([]) if tensor.dtype == tf.variant else tf.TensorShape(None)
+
+
+def _shape_tensor(shape):
+    """A TensorList element shape: the static shape, -1 for unknown dimensions."""
+    shape = tf.TensorShape(shape)
+    if shape.rank is None:
+        return tf.constant(-1, tf.int32)
+    return tf.constant([-1 if d is None else d for d in shape.as_list()], tf.int32)
+
+
+def _empty_like_list(handle, inner):
+    """An item-less TensorList as long as the list ``handle`` (the body reads it as
+    ``inner``), or None if the body never reads an item of it."""
+    dtypes = {c.get_attr("element_dtype") for c in inner.consumers()
+              if "element_dtype" in c.node_def.attr}
+    if len(dtypes) != 1:
+        return None
+    return tf.raw_ops.TensorListReserve(
+        element_shape=tf.raw_ops.TensorListElementShape(input_handle=handle,
+                                                        shape_type=tf.int32),
+        num_elements=tf.raw_ops.TensorListLength(input_handle=handle),
+        element_dtype=dtypes.pop())
