@@ -340,8 +340,13 @@ class LoopGradients:
             "cond": _attr_function(condition),
             "_num_original_outputs": attr_value_pb2.AttrValue(i=count),
         }
-        chained, initial = self._chained_gradients(op, body, kinds, grads)
-        if not chained:
+        # Lowered to the executor's own frames where the forward loop is (much faster per
+        # step than the functional While kernel), and its resource inputs read-only alike.
+        for key in ("_lower_using_switch_merge", "_read_only_resource_inputs"):
+            if key in op.node_def.attr:
+                attrs[key] = op.node_def.attr[key]
+        chained, initial, fixed = self._chained_gradients(op, body, kinds, grads)
+        if not chained and not fixed:
             return [None] * len(op.inputs)
         steps = op.outputs[0]
 
@@ -359,6 +364,8 @@ class LoopGradients:
             replay = _loop_copy(op, inputs, attrs, "memgrad_segment")
             out_grads = [None] * count
             for i, grad in zip(chained, incoming):
+                out_grads[i] = grad
+            for i, grad in fixed.items():
                 out_grads[i] = grad
             in_grads = tf_internals.while_gradient(replay, *out_grads)
             following = []
@@ -443,9 +450,15 @@ class LoopGradients:
         States and written lists pass their gradient from a segment to the one before it;
         invariants (captured tensors, variables, lists read) collect theirs, each segment
         adding its part to what the later ones gave: with no gradient yet, that starts at
-        zero (a list of the same length and no items, for a list read).
+        zero (a list of the same length and no items, for a list read). A list that starts
+        empty (a TensorArray's) and is written at a new index every step needs no gradient
+        for its start: every segment reads its own items from the list's incoming gradient,
+        passed as it is (chaining it would fill the list with zeros, item by item).
+
+        Returns:
+          ``(chained indices, their starting gradients, {index: fixed gradient})``.
         """
-        chained, initial = [], []
+        chained, initial, fixed = [], [], {}
         for i, kind in enumerate(kinds):
             t, grad = op.inputs[i], grads[i]
             if kind in ("counter", "junk") or not (
@@ -453,6 +466,10 @@ class LoopGradients:
                     or t.dtype in (tf.resource, tf.variant)):
                 continue
             if kind == "list" and grad is None:
+                continue
+            if kind == "list" and t.op.type in ("TensorListReserve", "EmptyTensorList") and (
+                    _writes_at_step_index(body, i)):
+                fixed[i] = grad
                 continue
             if grad is None:
                 if t.dtype == tf.resource:
@@ -465,7 +482,22 @@ class LoopGradients:
                 continue
             chained.append(i)
             initial.append(_dense(grad))
-        return chained, initial
+        return chained, initial, fixed
+
+
+def _writes_at_step_index(body, i):
+    """Whether the body writes list variable ``i`` at an index that grows by one each step
+    (a loop variable ``j`` the body returns as ``j + 1``): no item is written twice."""
+    writer = body.inputs[i].consumers()[0]
+    index = writer.inputs[1]
+    positions = [j for j, t in enumerate(body.inputs) if t is index]
+    if not positions:
+        return False
+    update = _unwrapped(body.outputs[positions[0]])
+    if update.op.type not in ("AddV2", "Add") or not any(t is index for t in update.op.inputs):
+        return False
+    other = [t for t in update.op.inputs if t is not index]
+    return len(other) == 1 and tf.get_static_value(other[0]) == 1
 
 
 def _dense(grad):
