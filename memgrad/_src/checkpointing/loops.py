@@ -187,7 +187,18 @@ def _steps_estimate(op):
 
 
 def _segment_length(steps):
+    """k = ceil(sqrt(steps)): about as many kept states as steps per segment."""
     return max(1, math.isqrt(max(steps - 1, 0)) + 1)
+
+
+def _dividing_segment_length(steps):
+    """The divisor k of ``steps`` that minimises kept states plus steps per segment
+    (steps / k + k), or None when that is over twice what sqrt(steps) would give."""
+    best = min((d for d in range(1, steps + 1) if steps % d == 0),
+               key=lambda d: (steps // d + d, d))
+    if steps // best + best > 2 * (2 * math.isqrt(steps) + 1):
+        return None
+    return best
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -298,8 +309,6 @@ class LoopGradients:
         if stateful is not None:
             return "kept", 0, (f"its body runs the stateful op {stateful[0]} "
                                f"('{stateful[1]}'), which a second run would not repeat")
-        if self.xla:
-            return "replay", 0, "segments need list sizes XLA cannot fix at compile time"
         if _static_int(op.inputs[0]) != 0:
             return "replay", 0, "its step counter does not start at zero"
         body = tf_internals.while_function_graph(op, "body", "_body_graph")
@@ -311,7 +320,17 @@ class LoopGradients:
             bound = None
         if bound is not None and bound < MIN_SEGMENTED_STEPS:
             return "replay", 0, f"it runs at most {bound} steps"
-        return "segments", _segment_length(bound or _steps_estimate(op)), ""
+        if not self.xla:
+            return "segments", _segment_length(bound or _steps_estimate(op)), ""
+        # XLA sizes every list at compile time: each segment replays a fixed k steps (its
+        # own condition stops it where the forward stopped), so k must divide the bound.
+        if bound is None:
+            return "replay", 0, "under XLA, segments need a static bound on its steps"
+        length = _dividing_segment_length(bound)
+        if length is None:
+            return "replay", 0, (f"under XLA, segments need a segment length dividing its "
+                                 f"{bound} steps near sqrt({bound})")
+        return "segments", length, ""
 
     # ------------------------------------------------------------------ replay
     def _replayed(self, op, grads):
@@ -327,11 +346,11 @@ class LoopGradients:
         body = tf_internals.while_function_graph(op, "body", "_body_graph")
         kinds, _ = _variable_kinds(op, body, grads)
         body_name = op.get_attr("body").name
+        condition = self._segment_condition(op, fixed_length=self.xla)
         shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")][:count]
         original_inputs = list(op.inputs)
         states = [i for i, kind in enumerate(kinds) if kind == "state"]
         snapshots = self._keep_states(op, body, states, length, shapes)
-        condition = self._segment_condition(op, original_inputs)
         attrs = {
             "T": _attr_types([t.dtype for t in original_inputs]),
             "output_shapes": _attr_shapes(shapes),
@@ -355,7 +374,10 @@ class LoopGradients:
             s, = _waiting([s], incoming)
             inputs = list(original_inputs)
             inputs[0] = tf.zeros([], inputs[0].dtype)
-            inputs[1] = tf.cast(tf.minimum(length, steps - s * length), inputs[1].dtype)
+            if self.xla:  # a compile-time constant: the condition stops a last, short segment
+                inputs[1] = tf.constant(length, inputs[1].dtype)
+            else:
+                inputs[1] = tf.cast(tf.minimum(length, steps - s * length), inputs[1].dtype)
             for i, kept in zip(states, snapshots):
                 inputs[i] = tf.raw_ops.TensorListGetItem(
                     input_handle=kept, index=s, element_shape=_shape_tensor(shapes[i]),
@@ -434,14 +456,34 @@ class LoopGradients:
         return op.outputs[len(op.outputs) - len(empty):]
 
     @staticmethod
-    def _segment_condition(op, inputs):
-        """A loop condition that runs the step counter up to the second loop variable."""
+    def _segment_condition(op, fixed_length=False):
+        """A segment's loop condition: the step counter below the second loop variable.
+
+        With ``fixed_length`` (every segment given the same k, as XLA needs) the loop's own
+        condition must hold too, so that the last segment stops where the forward loop did:
+        it sees the same state at the same step, so it decides the same.
+        """
         name = f"memgrad_segment_cond_{tf_internals.unique_id()}"
-        signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
-        condition = tf_internals.func_graph_from_py_func(
-            name, lambda step, limit, *_: step < limit, [], {}, signature=signature,
+        signature = [tf.TensorSpec(t.shape, t.dtype) for t in op.inputs]
+        original = op.get_attr("cond").name
+
+        def condition(step, limit, *rest):
+            going = step < limit
+            if not fixed_length:
+                return going
+            args = [step, limit] + list(rest)
+            own = tf.compat.v1.get_default_graph().create_op(
+                "PartitionedCall", args, [tf.bool], name="loop_cond", attrs={
+                    "f": _attr_function(original),
+                    "Tin": _attr_types([t.dtype for t in args]),
+                    "Tout": _attr_types([tf.bool]),
+                })
+            return tf.logical_and(going, tf.reshape(own.outputs[0], []))
+
+        graph = tf_internals.func_graph_from_py_func(
+            name, condition, [], {}, signature=signature,
             func_graph=tf_internals.WhileCondFuncGraph(name))
-        return tf_internals.add_function_to_graph(condition)
+        return tf_internals.add_function_to_graph(graph)
 
     @staticmethod
     def _chained_gradients(op, body, kinds, grads):
