@@ -175,3 +175,59 @@ def uneven_chain(widths=UNEVEN_WIDTHS, seed=7):
         return tf.reduce_mean(h * h)
 
     return weights, loss_fn
+
+
+def lstm_regressor(layers=2, units=128, steps=512, features=32, seed=0):
+    """A stack of Keras LSTM layers over a sequence and a per-step Dense head.
+
+    Each LSTM returns its whole sequence, so training keeps every step's gates: the memory
+    of plain backprop grows with ``steps``.
+
+    Args:
+      layers: LSTM layers.
+      units: units per LSTM.
+      steps: sequence length (time steps).
+      features: features per step of the input.
+      seed: Keras's random seed for the weights.
+
+    Returns:
+      A ``keras.Sequential`` mapping ``[batch, steps, features]`` to ``[batch, steps, 1]``.
+    """
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    stack = [keras.Input((steps, features))]
+    stack += [keras.layers.LSTM(units, return_sequences=True) for _ in range(layers)]
+    return keras.Sequential(stack + [keras.layers.Dense(1)])
+
+
+def gru_scan(steps=1024, units=256, features=64, seed=0):
+    """A GRU recurrence written with ``tf.scan`` over ``steps`` time steps.
+
+    Args:
+      steps: time steps (the length of the inputs' first axis).
+      units: state features.
+      features: input features per step.
+      seed: seed of the weights (stateless).
+
+    Returns:
+      A pair: the list of weight variables, and ``loss_fn(x)`` for ``x`` of shape
+      ``[steps, batch, features]``, returning the mean square of every step's state.
+    """
+    del steps  # the length comes with x; kept in the signature to name the workload
+    weights = [tf.Variable(tf.random.stateless_normal([features + units, units], [seed, i])
+                           / float(features + units) ** 0.5) for i in range(3)]
+    update, reset, candidate = weights
+
+    def cell(h, x_t):
+        xh = tf.concat([x_t, h], axis=1)
+        z = tf.sigmoid(xh @ update)
+        r = tf.sigmoid(xh @ reset)
+        c = tf.tanh(tf.concat([x_t, r * h], axis=1) @ candidate)
+        return (1.0 - z) * h + z * c
+
+    def loss_fn(x):
+        h0 = tf.zeros([tf.shape(x)[1], units], x.dtype)
+        return tf.reduce_mean(tf.square(tf.scan(cell, x, initializer=h0)))
+
+    return weights, loss_fn

@@ -15,7 +15,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
-from memgrad._src.checkpointing.budget import Budget
+from memgrad._src.checkpointing.budget import Budget, BudgetError
 from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, choose
 from memgrad._src.graph.view import ForwardGraph
 
@@ -300,6 +300,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
                 if following is None:
                     break
                 plan = following
+    except BudgetError:
+        raise  # the user's budget, not the rewrite, is what fails: say so
     except _REWRITE_ERRORS as error:
         return _fall_back(plain, plan.mode, plan,
                           f"building the rewrite raised {type(error).__name__}: {error}")
