@@ -6,7 +6,11 @@ random_graphs.py), so any failure is reproduced by `--seed S --only i`. Every st
 tf.GradientTape of the same forward in the same tf.function.
 
 Usage:
-    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17]
+    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17] [--loops]
+
+With --loops every graph holds at least one loop (tf.scan, tf.foldl, tf.map_fn, a
+tf.while_loop writing a TensorArray or running a data-dependent number of steps, a Keras
+recurrent layer, a scan inside a nested tf.function or a tf.cond, nested loops).
 
 Prints progress, then the distribution of the max relative error (per strategy and per
 graph), counts of crashes / wrong gradients / fallbacks / budget errors, and the repro
@@ -37,9 +41,10 @@ def graph_seed(seed, index):
     return f"{seed}:{index}"
 
 
-def summarize(results, seed, elapsed):
+def summarize(results, seed, elapsed, loops=False):
     """The summary text of a list of `(index, GraphResult)`."""
-    lines = [f"== {len(results)} graphs, seed {seed}, {elapsed:.0f} s "
+    lines = [f"== {len(results)} graphs{' with loops' if loops else ''}, seed {seed}, "
+             f"{elapsed:.0f} s "
              f"({elapsed / max(len(results), 1):.2f} s/graph), tolerance {TOLERANCE:g}"]
     errors = collections.defaultdict(list)
     statuses = collections.Counter()
@@ -75,21 +80,22 @@ def summarize(results, seed, elapsed):
     failed = [(i, r) for i, r in results if r.failures]
     lines.append(f"graphs with a failure: {len(failed)}")
     for i, result in failed:
-        lines.append(f"-- FAILURE: repro with `python scripts/fuzz.py --seed {seed} --only {i}`")
+        lines.append(f"-- FAILURE: repro with `python scripts/fuzz.py --seed {seed} --only {i}"
+                     f"{' --loops' if loops else ''}`")
         lines.append(result.report())
     return "\n".join(lines)
 
 
 def _check(args):
     """Draws and checks graph `index` of run `seed` (in a worker process with --jobs)."""
-    seed, index = args
+    seed, index, loops = args
     warnings.simplefilter("ignore")  # 'memory' warns when it keeps nothing; counted below
-    return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index))))
+    return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index)), loops=loops))
 
 
-def _results(seed, indices, jobs):
+def _results(seed, indices, jobs, loops=False):
     """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one."""
-    work = [(seed, i) for i in indices]
+    work = [(seed, i, loops) for i in indices]
     if jobs <= 1:
         yield from map(_check, work)
         return
@@ -106,10 +112,12 @@ def main(argv=None):
     parser.add_argument("--every", type=int, default=100,
                         help="print the running summary every this many graphs")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--loops", action="store_true",
+                        help="draw at least one loop into every graph")
     args = parser.parse_args(argv)
     indices = [args.only] if args.only is not None else range(args.graphs)
     results, start = [], time.perf_counter()
-    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs), 1):
+    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, args.loops), 1):
         spec = result.spec
         results.append((i, result))
         worst = max((o.error for o in result.outcomes if o.status in FAILURES or
@@ -121,8 +129,9 @@ def main(argv=None):
         if args.only is not None:
             print(result.report())
         if n % args.every == 0 and n < len(indices):
-            print(summarize(results, args.seed, time.perf_counter() - start), flush=True)
-    print(summarize(results, args.seed, time.perf_counter() - start), flush=True)
+            print(summarize(results, args.seed, time.perf_counter() - start, args.loops),
+                  flush=True)
+    print(summarize(results, args.seed, time.perf_counter() - start, args.loops), flush=True)
     return 1 if any(r.failures for _, r in results) else 0
 
 

@@ -127,6 +127,10 @@ WhileCondFuncGraph = _private("tensorflow.python.ops.control_flow_util_v2", "Whi
 func_graph_from_py_func = _private("tensorflow.python.framework.func_graph",
                                    "func_graph_from_py_func")
 op_def_of = _private("tensorflow.python.framework.op_def_registry", "get")
+# A FuncGraph rebuilt from a loop's FunctionDef has no handle data on its resource inputs
+# (cond_v2 copies it from the op's inputs; while_v2 does not): without it a nested loop's
+# gradient treats a variable it reads as having no gradient.
+copy_handle_data = _private("tensorflow.python.ops.handle_data_util", "copy_handle_data")
 # A process-wide counter: names of functions added to a graph's library must be unique across
 # every graph the process traces (the eager context holds them all).
 unique_id = _private("tensorflow.python.framework.ops", "uid")

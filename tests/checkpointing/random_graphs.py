@@ -42,6 +42,14 @@ DENSE_KINDS = (
     "dense", "residual", "elementwise", "skip", "concat_split", "moments_bn", "keras_bn",
     "dropout", "cond_fixed", "cond_data", "embedding",
 )
+# Loops, drawn with `draw_spec(chooser, loops=True)`: each is one While (or more) in the
+# forward pass, whose gradient memgrad builds in segments of steps or replays whole.
+LOOP_KINDS = (
+    "scan", "foldl", "map_fn", "while_ta", "while_data", "rnn", "nested_function",
+    "loop_in_cond", "nested_loop",
+)
+LOOP_STEPS = (3, 9, 16)  # under 8 steps a loop is replayed whole; from 8 on, in segments
+RNN_CLASSES = ("SimpleRNN", "GRU", "LSTM")
 ACTIVATIONS = ("tanh", "relu", "sigmoid", "none")
 ELEMENTWISE = ("swish", "tanh_add", "relu_mul", "square_scaled")
 LOSSES = ("squares", "xent", "two_ys")
@@ -165,8 +173,22 @@ def _carries_shift(layers, record, first_dense):
     return False
 
 
-def draw_spec(chooser):
-    """Draws a `GraphSpec` through `chooser` (a `RandomChooser` or `HypothesisChooser`)."""
+def _loop_argument(chooser, kind):
+    if kind in ("scan", "foldl", "while_ta", "nested_function"):
+        return chooser.choice(LOOP_STEPS)
+    if kind == "rnn":
+        return chooser.choice(RNN_CLASSES)
+    if kind == "loop_in_cond":
+        return chooser.choice((True, False, None))  # a fixed predicate, or the data's
+    return None
+
+
+def draw_spec(chooser, loops=False):
+    """Draws a `GraphSpec` through `chooser` (a `RandomChooser` or `HypothesisChooser`).
+
+    With ``loops``, dense-stage layers are drawn from `LOOP_KINDS` too, and one of them,
+    at least, is a loop.
+    """
     seed = chooser.integer(0, 2**16)
     conv = []
     for _ in range(chooser.integer(0, 2)):
@@ -174,9 +196,14 @@ def draw_spec(chooser):
         conv.append("conv" if kind == "conv_bn" and conv[-1:] == ["conv_bn"] else kind)
     first_dense = len(conv)  # the flatten projection's record
     layers = []
-    for i in range(chooser.integer(MIN_DENSE_LAYERS, MAX_DENSE_LAYERS)):
-        kind = chooser.choice(DENSE_KINDS)
-        argument = None
+    count = chooser.integer(MIN_DENSE_LAYERS, MAX_DENSE_LAYERS)
+    loop_at = chooser.integer(0, count - 1) if loops else None
+    for i in range(count):
+        if i == loop_at:
+            kind = chooser.choice(LOOP_KINDS)
+        else:
+            kind = chooser.choice(DENSE_KINDS + (LOOP_KINDS if loops else ()))
+        argument = _loop_argument(chooser, kind)
         if kind in ("dense", "residual"):
             argument = chooser.choice(ACTIVATIONS)
         elif kind == "elementwise":
@@ -241,6 +268,7 @@ class RandomGraph:
         self._rng = np.random.default_rng(spec.seed)
         self._variables = {}
         self._keras = {}
+        self._functions = {}  # the inner tf.functions of `nested_function` layers
         self.unused = tf.Variable(tf.ones([3], self.dtype), name="unconnected")
         rng = np.random.default_rng(spec.seed + 1)
         image = rng.standard_normal((BATCH, SIDE, SIDE, CHANNELS)).astype("float32")
@@ -263,6 +291,13 @@ class RandomGraph:
         if name not in self._keras:
             self._keras[name] = keras.layers.BatchNormalization(
                 name=name, dtype=self.dtype.name)
+        return self._keras[name]
+
+    def _keras_rnn(self, name, kind):
+        if name not in self._keras:
+            keras.utils.set_random_seed(self.spec.seed)
+            self._keras[name] = getattr(keras.layers, kind)(
+                WIDTH, name=name, dtype=self.dtype.name)
         return self._keras[name]
 
     @property
@@ -331,7 +366,68 @@ class RandomGraph:
         if kind == "embedding":
             table = self._var(name, [VOCAB, WIDTH], 0.5)
             return h + tf.tanh(tf.reduce_mean(tf.gather(table, ids), axis=1))
+        if kind in LOOP_KINDS:
+            return self._loop(name, kind, argument, h)
         raise ValueError(f"unknown layer kind {kind!r}")
+
+    def _sequence(self, name, h, steps):
+        """`[steps, BATCH, WIDTH]` inputs of a loop over time, each step a function of h."""
+        scale = self._var(name + "_time", [steps, 1, WIDTH], 0.5, 1.0)
+        return tf.tanh(h[None] * scale)
+
+    def _cell(self, name):
+        w = self._var(name, [WIDTH, WIDTH], 0.5)
+        return lambda c, x_t: tf.tanh(c @ w + x_t)
+
+    def _loop(self, name, kind, argument, h):
+        if kind == "scan":
+            states = tf.scan(self._cell(name), self._sequence(name, h, argument), initializer=h)
+            return states[-1] + 0.5 * tf.reduce_mean(states, axis=0)
+        if kind == "foldl":
+            return tf.foldl(self._cell(name), self._sequence(name, h, argument), initializer=h)
+        if kind == "map_fn":
+            w = self._var(name, [WIDTH, WIDTH])
+            return tf.map_fn(lambda row: tf.tanh(row[None] @ w)[0] + row, h)
+        if kind == "while_ta":
+            cell, inputs = self._cell(name), self._sequence(name, h, argument)
+            written = tf.TensorArray(self.dtype, size=argument)
+
+            def body(i, c, written):
+                c = cell(c, inputs[i])
+                return i + 1, c, written.write(i, c)
+
+            _, c, written = tf.while_loop(lambda i, c, w: i < argument, body, (0, h, written))
+            return c + tf.reduce_mean(tf.sin(written.stack()), axis=0)
+        if kind == "while_data":
+            # Steps while the state stays small: how many depends on the data (at most 12).
+            cell, bias = self._cell(name), self._var(name + "_b", [WIDTH], 0.3, 0.3)
+            _, c = tf.while_loop(
+                lambda i, c: tf.logical_and(i < 12, tf.reduce_mean(c * c) < 0.5),
+                lambda i, c: (i + 1, cell(c, bias) * 1.2), (0, h))
+            return c
+        if kind == "rnn":
+            sequence = tf.reshape(h, [BATCH, 4, WIDTH // 4])
+            return self._keras_rnn(name + "_" + argument.lower(), argument)(
+                sequence, training=True) + h
+        if kind == "nested_function":
+            if name not in self._functions:
+                cell = self._cell(name)
+                self._functions[name] = tf.function(
+                    lambda h, inputs: tf.scan(cell, inputs, initializer=h)[-1], autograph=False)
+            return self._functions[name](h, self._sequence(name, h, argument))
+        if kind == "loop_in_cond":
+            v = self._var(name + "_else", [WIDTH], 0.5)
+            pred = tf.constant(argument) if argument is not None else tf.reduce_mean(h) > 0.0
+            return tf.cond(pred, lambda: self._loop(name, "scan", 9, h),
+                           lambda: tf.nn.relu(h) * v)
+        if kind == "nested_loop":
+            w, steps = self._var(name, [WIDTH, WIDTH], 0.5), tf.range(1.0, 4.0, dtype=self.dtype)
+
+            def outer(c, x_t):
+                return tf.foldl(lambda d, k: tf.tanh(d @ w + k * x_t), steps, initializer=c)
+
+            return tf.scan(outer, self._sequence(name, h, 9), initializer=h)[-1]
+        raise ValueError(f"unknown loop kind {kind!r}")
 
     def _loss(self, h, labels, records):
         kind = self.spec.loss

@@ -319,7 +319,7 @@ def test_xla_gradients_of_a_scan_run_in_segments():
 
 
 # ---------------------------------------------------------------------- never silent
-def test_a_lost_gradient_falls_back_to_tf_gradients_with_a_warning(monkeypatch):
+def test_a_lost_gradient_falls_back_to_tf_gradients_with_a_warning(monkeypatch, _no_fallback):
     """The invariant check: a rewrite that loses an x's gradient is caught, not returned."""
     w, u = _weights(9)
     x = tf.random.stateless_normal([STEPS, BATCH, WIDTH], [9, 10])
@@ -341,6 +341,7 @@ def test_a_lost_gradient_falls_back_to_tf_gradients_with_a_warning(monkeypatch):
             reference, got = step(x)
     assert max(_relative_errors(reference, got)) <= TOLERANCE
     assert log[0].fallback and "lost the gradient" in log[0].fallback_reason
+    _no_fallback.clear()  # the one fallback this test expects
 
 
 def test_the_segment_length_divides_the_steps_under_xla():
@@ -348,6 +349,23 @@ def test_the_segment_length_divides_the_steps_under_xla():
     assert loops._dividing_segment_length(40) == 5
     assert loops._dividing_segment_length(97) is None  # a prime: no divisor near sqrt
     assert loops._segment_length(100) == 10 and loops._segment_length(101) == 11
+
+
+def test_a_nested_loop_reading_a_variable_gets_its_gradient():
+    """A loop's functions rebuilt for a replay lack the handle data of their resource
+    inputs (TensorFlow does not copy it for loops): a nested loop then gave a variable it
+    reads a zero gradient, which no None-check catches."""
+    w, u = _weights(13)
+    x = tf.random.stateless_normal([4, BATCH, WIDTH], [13, 14])
+
+    @tf.function
+    def step(x):
+        loss = _nested(x, w, u)
+        return tf.gradients(loss, [w, u]), memgrad.gradients(loss, [w, u])
+
+    reference, got = step(x)
+    assert min(float(tf.reduce_max(tf.abs(g))) for g in reference) > 1e-3
+    assert max(_relative_errors(reference, got)) <= TOLERANCE
 
 
 def test_stateful_op_in_finds_random_ops_and_allows_variable_reads():

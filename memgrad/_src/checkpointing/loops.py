@@ -226,12 +226,50 @@ def _loop_copy(op, inputs, attrs, name):
     types = [t.dtype for t in inputs]
     with graph.device(op.device) if op.device else _nothing():
         copy = graph.create_op(op.type, inputs, types, name=name, attrs=attrs)
-    shapes = [tf.TensorShape(s) for s in copy.get_attr("output_shapes")]
-    for attr_name, key in (("_body_graph", "body"), ("_cond_graph", "cond")):
-        function = tf_internals.function_graph_of(copy, shapes, copy.get_attr(key).name)
-        function.name = f"{function.name}_memgrad_{tf_internals.unique_id()}"
-        setattr(copy, attr_name, function)
+    _give_fresh_graphs(copy)
     return copy
+
+
+_FUNCTION_GRAPHS = {
+    "While": (("body", "_body_graph"), ("cond", "_cond_graph")),
+    "StatelessWhile": (("body", "_body_graph"), ("cond", "_cond_graph")),
+    "If": (("then_branch", "_true_graph"), ("else_branch", "_false_graph")),
+    "StatelessIf": (("then_branch", "_true_graph"), ("else_branch", "_false_graph")),
+}
+
+
+def _give_fresh_graphs(op):
+    """Attaches fresh FuncGraphs with unique names to ``op`` and to every loop or conditional
+    nested in them.
+
+    TensorFlow's gradient of a loop or conditional rewrites its functions under the name
+    ``<function>_rewritten``; functions it rebuilds from the library keep the library's name.
+    Two copies of a loop differentiated in one graph (two memgrad calls, or a nested loop
+    replayed in two segments) would then define one name twice, differently. The resource
+    inputs of the rebuilt functions get the handle data of the op's (TensorFlow's rebuild of
+    a loop's functions leaves it out, and a nested loop then gives a variable it reads a
+    zero gradient).
+    """
+    if op.type in _FUNCTION_GRAPHS:
+        if op.type.endswith("While"):
+            shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")]
+        else:
+            shapes = [t.shape for t in op.inputs[1:]]
+        pairs = [(op.get_attr(key).name, cached) for key, cached in _FUNCTION_GRAPHS[op.type]]
+    elif op.type in ("Case", "StatelessCase"):
+        shapes = [t.shape for t in op.inputs[1:]]
+        pairs = [(f.name, f"_branch_graph_{i}") for i, f in enumerate(op.get_attr("branches"))]
+    else:
+        return
+    inputs = op.inputs if op.type.endswith("While") else op.inputs[1:]
+    for name, cached in pairs:
+        function = tf_internals.function_graph_of(op, shapes, name)
+        function.name = f"{name}_memgrad_{tf_internals.unique_id()}"
+        for outer, inner in zip(inputs, function.inputs):
+            tf_internals.copy_handle_data(outer, inner)
+        setattr(op, cached, function)
+        for inner in function.get_operations():
+            _give_fresh_graphs(inner)
 
 
 class _nothing:
