@@ -32,7 +32,8 @@ from memgrad._src.checkpointing import api as checkpointing_api  # noqa: E402
 from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph  # noqa: E402
 from memgrad.profiler.workloads import (  # noqa: E402
-    UNEVEN_WIDTHS, conv_classifier, residual_chain, transformer_classifier, uneven_chain)
+    UNEVEN_WIDTHS, conv_classifier, gru_scan, lstm_regressor, residual_chain,
+    transformer_classifier, uneven_chain)
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence  # noqa: E402
 
 
@@ -419,8 +420,10 @@ def _peer_rows(case, steps, x, rounds, failures=()):
     return rows + [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
 
 
-def _try_step(make, x):
-    """``(step, None)`` if ``make()``'s step runs on ``x``, else ``(None, one-line reason)``."""
+def _try_step(make, x, tail=False):
+    """``(step, None)`` if ``make()``'s step runs on ``x``, else ``(None, one-line reason)``:
+    the message's first 200 characters, or its last 150 with ``tail`` (where TensorFlow names
+    a tensor first and says what is wrong last)."""
     try:
         step = make()
         step(x).numpy()
@@ -428,7 +431,9 @@ def _try_step(make, x):
     except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
         from memgrad.cli.report import one_line
 
-        return None, f"{type(error).__name__}: {one_line(error)[:200]}"
+        message = one_line(error)
+        message = "..." + message[-150:] if tail and len(message) > 150 else message[:200]
+        return None, f"{type(error).__name__}: {message}"
 
 
 def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
@@ -720,8 +725,100 @@ def xla_suite(rounds):
     return rows
 
 
+class _RecomputedLSTMCell(keras.layers.LSTMCell):
+    """A Keras LSTM cell whose step runs under tf.recompute_grad (the peer of memgrad's
+    segments: the cell's gates are recomputed in the backward, the step's inputs kept)."""
+
+    def call(self, inputs, states, training=False):
+        def step(x, h, c):
+            output, (h, c) = super(_RecomputedLSTMCell, self).call(x, [h, c], training=training)
+            return output, h, c
+
+        output, h, c = tf.recompute_grad(step)(inputs, *states)
+        return output, [h, c]
+
+
+def _recomputed_lstm(layers, units, steps, features, seed):
+    keras.utils.set_random_seed(seed)
+    stack = [keras.Input((steps, features))]
+    stack += [keras.layers.RNN(_RecomputedLSTMCell(units), return_sequences=True)
+              for _ in range(layers)]
+    return keras.Sequential(stack + [keras.layers.Dense(1)])
+
+
+def _loop_rows(case, steps, x, rounds, failures, device):
+    with tf.device(device):
+        seconds = time_side_by_side(steps, x, rounds)
+    peaks = {key: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
+             for key, step in steps.items()}
+    rows = []
+    for key in steps:
+        row = _peer_row(case, key, seconds, peaks, key)
+        rows.append(dict(row, suite="loops"))
+    return rows + [dict(_peer_row(case, key, None, None, key, failure), suite="loops")
+                   for key, failure in failures]
+
+
+def loops_suite(rounds, batch=16, units=128, steps=512, scan_steps=1024):
+    """Memory through time: a 2-layer Keras LSTM and a GRU written with tf.scan, plain backprop
+    vs memgrad (the loops' gradients in segments of steps) vs tf.recompute_grad around the
+    cell, one SGD step each, side by side (target: <= 0.35x of plain's peak at <= 1.4x time)."""
+    device = memgrad.profiler.default_device()
+    memory_tape = functools.partial(memgrad.GradientTape, checkpoints="memory")
+    rows = []
+
+    model = lstm_regressor(layers=2, units=units, steps=steps, features=32, seed=0)
+    twin = None
+    x = tf.random.stateless_normal([batch, steps, 32], seed=[0, 3])
+
+    def lstm_loss(x, model=model):
+        return tf.reduce_mean(tf.square(model(x, training=True)))
+
+    variables = model.trainable_variables
+    lstm_steps = {"plain": _sgd_step(variables, lstm_loss),
+                  "memgrad.GradientTape('memory')": _sgd_step(variables, lstm_loss, memory_tape)}
+    failures = []
+
+    def recomputed():
+        nonlocal twin
+        twin = _recomputed_lstm(2, units, steps, 32, seed=0)
+        return _sgd_step(twin.trainable_variables,
+                         lambda x: tf.reduce_mean(tf.square(twin(x, training=True))))
+
+    step, failure = _try_step(recomputed, x, tail=True)
+    if step is None:
+        failures.append(("tf.recompute_grad around the LSTM cell", failure))
+    else:
+        lstm_steps["tf.recompute_grad around the LSTM cell"] = step
+    case = f"2-layer Keras LSTM ({units} units), {steps} steps, batch {batch}x{steps}x32"
+    rows += _loop_rows(case, lstm_steps, x, rounds, failures, device)
+
+    xla_steps = {"plain": _sgd_step(variables, lstm_loss, jit_compile=True),
+                 "memgrad.GradientTape('memory')": _sgd_step(variables, lstm_loss, memory_tape,
+                                                              jit_compile=True)}
+    rows += _loop_rows(case + ", XLA (jit_compile=True)", xla_steps, x, rounds, (), device)
+
+    weights, loss_fn = gru_scan(steps=scan_steps, units=256, features=64, seed=0)
+    recomputed_weights, recomputed_loss = gru_scan(steps=scan_steps, units=256, features=64,
+                                                   seed=0, recompute_cell=True)
+    x = tf.random.stateless_normal([scan_steps, 32, 64], seed=[0, 4])
+    scan_steps_ = {"plain": _sgd_step(weights, loss_fn),
+                   "memgrad.GradientTape('memory')": _sgd_step(weights, loss_fn, memory_tape)}
+    step, failure = _try_step(lambda: _sgd_step(recomputed_weights, recomputed_loss), x,
+                              tail=True)
+    failures = []
+    if step is None:
+        failures.append(("tf.recompute_grad around the cell", failure))
+    else:
+        scan_steps_["tf.recompute_grad around the cell"] = step
+    case = f"GRU as tf.scan over {scan_steps} steps (256 units), batch 32x64"
+    rows += _loop_rows(case, scan_steps_, x, rounds, failures, device)
+    return rows
+
+
 SUITES = {
     "budget": budget_suite,
+    "loops": loops_suite,
     "peers": peers_suite,
     "recompute": recompute_suite,
     "checkpointing": checkpointing_suite,
@@ -744,9 +841,10 @@ def markdown(rows) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     peers = [row for row in rows if row["suite"] == "peers"]
+    looped = [row for row in rows if row["suite"] == "loops"]
     recomputed = [row for row in rows if row["suite"] == "recompute"]
     xla = [row for row in rows if row["suite"] == "xla"]
-    rows = [row for row in rows if row["suite"] not in ("peers", "recompute", "xla")]
+    rows = [row for row in rows if row["suite"] not in ("peers", "recompute", "xla", "loops")]
     if not rows:
         lines = lines[:2]
     for row in rows:
@@ -769,6 +867,21 @@ def markdown(rows) -> str:
             "| --- | --- | --- | --- | --- | --- |",
         ]
         for row in peers:
+            if row["failure"]:
+                lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
+            else:
+                lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
+                             f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
+    if looped:
+        lines += [
+            "",
+            "Loops: one SGD step through recurrent layers, every variant against plain backprop of the",
+            "same network in the same run (target: memgrad <= 0.35x of plain's peak at <= 1.4x time).",
+            "",
+            "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in looped:
             if row["failure"]:
                 lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
             else:

@@ -162,3 +162,49 @@ def test_fit_hook_swaps_nothing_process_wide():
     assert keras.Model.train_step is keras_step
     assert tf.GradientTape is not memgrad.GradientTape
     memgrad.disable_checkpointing(model)
+
+
+def test_an_ops_own_gradient_function_overrides_the_registered_one():
+    """memgrad differentiates a forward loop by setting the op's `_gradient_function`,
+    which TensorFlow's gradient lookup reads before the registry."""
+    x = tf.constant([1.0, 2.0])
+    calls = []
+
+    @tf.function
+    def step(x):
+        y = tf.sin(x)
+        y.op._gradient_function = lambda op, grad: calls.append(op.type) or grad * 10.0
+        return tf.gradients(tf.reduce_sum(y), [x])[0]
+
+    np.testing.assert_allclose(step(x).numpy(), [10.0, 10.0])
+    assert calls == ["Sin"]
+
+
+def test_a_rebuilt_loop_body_lacks_handle_data_until_copied():
+    """The gap memgrad patches (loops._give_fresh_graphs): a loop body rebuilt from its
+    FunctionDef has resource inputs without handle data, so default gradients of a variable
+    a nested loop reads would be missing; copy_handle_data restores it."""
+    variable = tf.Variable(tf.ones([2, 2]))
+    found = []
+
+    @tf.function
+    def step(x):
+        def body(i, c):
+            return i + 1, c @ variable
+
+        _, c = tf.while_loop(lambda i, c: i < 3, body, (0, x))
+        loop = c.op
+        rebuilt = tf_internals.function_graph_of(
+            loop, [tf.TensorShape(s) for s in loop.get_attr("output_shapes")],
+            loop.get_attr("body").name)
+        handles = [(outer, inner) for outer, inner in zip(loop.inputs, rebuilt.inputs)
+                   if outer.dtype == tf.resource]
+        found.append([tf_internals.resource_handle_data(inner) for _, inner in handles])
+        for outer, inner in handles:
+            tf_internals.copy_handle_data(outer, inner)
+        found.append([tf_internals.resource_handle_data(inner) for _, inner in handles])
+        return c
+
+    step(tf.ones([2, 2]))
+    assert found[0] == [None]  # if TensorFlow starts copying it, the patch can go
+    assert found[1] == [(tf.float32, tf.TensorShape([2, 2]))]

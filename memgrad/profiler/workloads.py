@@ -201,7 +201,7 @@ def lstm_regressor(layers=2, units=128, steps=512, features=32, seed=0):
     return keras.Sequential(stack + [keras.layers.Dense(1)])
 
 
-def gru_scan(steps=1024, units=256, features=64, seed=0):
+def gru_scan(steps=1024, units=256, features=64, seed=0, recompute_cell=False):
     """A GRU recurrence written with ``tf.scan`` over ``steps`` time steps.
 
     Args:
@@ -209,6 +209,8 @@ def gru_scan(steps=1024, units=256, features=64, seed=0):
       units: state features.
       features: input features per step.
       seed: seed of the weights (stateless).
+      recompute_cell: wrap the cell in ``tf.recompute_grad`` (its gates recomputed in the
+        backward pass, step by step).
 
     Returns:
       A pair: the list of weight variables, and ``loss_fn(x)`` for ``x`` of shape
@@ -226,8 +228,10 @@ def gru_scan(steps=1024, units=256, features=64, seed=0):
         c = tf.tanh(tf.concat([x_t, r * h], axis=1) @ candidate)
         return (1.0 - z) * h + z * c
 
+    step = tf.recompute_grad(cell) if recompute_cell else cell
+
     def loss_fn(x):
         h0 = tf.zeros([tf.shape(x)[1], units], x.dtype)
-        return tf.reduce_mean(tf.square(tf.scan(cell, x, initializer=h0)))
+        return tf.reduce_mean(tf.square(tf.scan(step, x, initializer=h0)))
 
     return weights, loss_fn

@@ -11,11 +11,14 @@ count them.
 
 Shape of a graph: an image input `[4, 6, 6, 4]`, 0-2 convolution layers, a flatten +
 dense projection to width 16, then 5-6 dense-stage layers (dense, residual, elementwise,
-long skips, concat/split, batch normalisation, seeded dropout, tf.cond, embeddings), and a
-loss (sum of squares, softmax cross-entropy, or two ys). xs are the variables used, plus
-optionally intermediate tensors, the input, and a variable nothing depends on.
+long skips, concat/split, batch normalisation, seeded dropout, tf.cond, embeddings; with
+`draw_spec(..., loops=True)` also loops: tf.scan, tf.foldl, tf.map_fn, tf.while_loop over a
+TensorArray or a data-dependent number of steps, Keras SimpleRNN/GRU/LSTM, a scan inside a
+nested tf.function or a tf.cond, a loop nested in a loop), and a loss (sum of squares,
+softmax cross-entropy, or two ys). xs are the variables used, plus optionally intermediate
+tensors, the input, and a variable nothing depends on.
 
-Not drawn, on purpose: two stop_gradients of which one is an x (issue 25, out of scope:
+Not drawn, on purpose: two stop_gradients of which one is an x (out of scope:
 `stop_gradients=[x, f(x)]` with x in xs gives total derivatives), and a batch
 normalisation that would cancel a parameter's shift or scale (`_carries_shift`: that
 parameter's gradient is float noise, not a memgrad result).
@@ -113,7 +116,7 @@ class GraphSpec:
       x_input: whether the input image is an x.
       unconnected: `'none'` or `'zero'`; an x nothing depends on is added when
         `x_unconnected`.
-      stops: records passed as `stop_gradients` (never two stops when one is an x: issue 25).
+      stops: records passed as `stop_gradients` (never two stops when one is an x).
       list_checkpoints: records for `checkpoints=[...]`.
       budget: the fraction for `memgrad.strategies.Budget`.
       tape_checkpoints: the strategy of `memgrad.GradientTape`.
@@ -221,7 +224,7 @@ def draw_spec(chooser, loops=False):
     aux = chooser.integer(first_dense, records - 1)
     x_records = _distinct(chooser, range(records), chooser.integer(0, 2))
     # Stops in the first half only, so the second half has gradients to rewrite; two stops
-    # never include an x (issue 25: stop_gradients=[x, f(x)] with x in xs is out of scope).
+    # never include an x (out of scope: stop_gradients=[x, f(x)] with x in xs is out of scope).
     half = range(max(1, records // 2))
     count = chooser.integer(0, 2) if chooser.integer(0, 2) == 0 else 0  # a third of graphs
     stops = _distinct(chooser, half, count)

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.checkpointing.random_graphs import HypothesisChooser, check_graph, draw_spec
+from tests.checkpointing.random_graphs import (
+    LOOP_KINDS, HypothesisChooser, check_graph, draw_spec,
+)
 
 
 @pytest.mark.slow
@@ -32,6 +34,23 @@ def test_every_strategy_matches_tf_gradients_on_random_graphs(data):
         warnings.simplefilter("ignore")
         result = check_graph(spec)
     assert len(result.outcomes) == 5
+    assert not result.failures, result.report()
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_every_strategy_matches_tf_gradients_on_random_graphs_with_loops(data):
+    """The same check on graphs holding at least one loop (tf.scan, tf.foldl, tf.map_fn,
+    while loops over a TensorArray or a data-dependent number of steps, Keras recurrent
+    layers, loops in a nested tf.function or a tf.cond, nested loops). The long run is
+    `python scripts/fuzz.py --loops`."""
+    spec = draw_spec(HypothesisChooser(data), loops=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_graph(spec)
+    assert any(kind in LOOP_KINDS for kind, _ in spec.layers)
     assert not result.failures, result.report()
 
 
