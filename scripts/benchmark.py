@@ -746,17 +746,24 @@ def _recomputed_lstm(layers, units, steps, features, seed):
     return keras.Sequential(stack + [keras.layers.Dense(1)])
 
 
-def _loop_rows(case, steps, x, rounds, failures, device):
+def _loop_rows(case, steps, x, rounds, device, peer=None):
+    """Rows of the loops suite: each step in ``steps`` timed side by side and measured; ``peer``
+    is ``(name, make)`` of a variant that may fail (reported as such)."""
+    steps, failures = dict(steps), []
+    if peer is not None:
+        name, make = peer
+        step, failure = _try_step(make, x, tail=True)
+        if step is None:
+            failures.append((name, failure))
+        else:
+            steps[name] = step
     with tf.device(device):
         seconds = time_side_by_side(steps, x, rounds)
     peaks = {key: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
              for key, step in steps.items()}
-    rows = []
-    for key in steps:
-        row = _peer_row(case, key, seconds, peaks, key)
-        rows.append(dict(row, suite="loops"))
-    return rows + [dict(_peer_row(case, key, None, None, key, failure), suite="loops")
-                   for key, failure in failures]
+    rows = [_peer_row(case, key, seconds, peaks, key) for key in steps]
+    rows += [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
+    return [dict(row, suite="loops") for row in rows]
 
 
 def loops_suite(rounds, batch=16, units=128, steps=512, scan_steps=1024):
@@ -764,55 +771,40 @@ def loops_suite(rounds, batch=16, units=128, steps=512, scan_steps=1024):
     vs memgrad (the loops' gradients in segments of steps) vs tf.recompute_grad around the
     cell, one SGD step each, side by side (target: <= 0.35x of plain's peak at <= 1.4x time)."""
     device = memgrad.profiler.default_device()
+    memory = "memgrad.GradientTape('memory')"
     memory_tape = functools.partial(memgrad.GradientTape, checkpoints="memory")
-    rows = []
+
+    def squares_of(model):
+        return lambda x: tf.reduce_mean(tf.square(model(x, training=True)))
 
     model = lstm_regressor(layers=2, units=units, steps=steps, features=32, seed=0)
-    twin = None
+    variables, loss_of = model.trainable_variables, squares_of(model)
     x = tf.random.stateless_normal([batch, steps, 32], seed=[0, 3])
 
-    def lstm_loss(x, model=model):
-        return tf.reduce_mean(tf.square(model(x, training=True)))
-
-    variables = model.trainable_variables
-    lstm_steps = {"plain": _sgd_step(variables, lstm_loss),
-                  "memgrad.GradientTape('memory')": _sgd_step(variables, lstm_loss, memory_tape)}
-    failures = []
-
-    def recomputed():
-        nonlocal twin
+    def recomputed_lstm():
         twin = _recomputed_lstm(2, units, steps, 32, seed=0)
-        return _sgd_step(twin.trainable_variables,
-                         lambda x: tf.reduce_mean(tf.square(twin(x, training=True))))
+        return _sgd_step(twin.trainable_variables, squares_of(twin))
 
-    step, failure = _try_step(recomputed, x, tail=True)
-    if step is None:
-        failures.append(("tf.recompute_grad around the LSTM cell", failure))
-    else:
-        lstm_steps["tf.recompute_grad around the LSTM cell"] = step
     case = f"2-layer Keras LSTM ({units} units), {steps} steps, batch {batch}x{steps}x32"
-    rows += _loop_rows(case, lstm_steps, x, rounds, failures, device)
-
-    xla_steps = {"plain": _sgd_step(variables, lstm_loss, jit_compile=True),
-                 "memgrad.GradientTape('memory')": _sgd_step(variables, lstm_loss, memory_tape,
-                                                              jit_compile=True)}
-    rows += _loop_rows(case + ", XLA (jit_compile=True)", xla_steps, x, rounds, (), device)
+    rows = _loop_rows(case, {"plain": _sgd_step(variables, loss_of),
+                             memory: _sgd_step(variables, loss_of, memory_tape)},
+                      x, rounds, device, ("tf.recompute_grad around the LSTM cell", recomputed_lstm))
+    rows += _loop_rows(case + ", XLA (jit_compile=True)",
+                       {"plain": _sgd_step(variables, loss_of, jit_compile=True),
+                        memory: _sgd_step(variables, loss_of, memory_tape, jit_compile=True)},
+                       x, rounds, device)
 
     weights, loss_fn = gru_scan(steps=scan_steps, units=256, features=64, seed=0)
-    recomputed_weights, recomputed_loss = gru_scan(steps=scan_steps, units=256, features=64,
-                                                   seed=0, recompute_cell=True)
     x = tf.random.stateless_normal([scan_steps, 32, 64], seed=[0, 4])
-    scan_steps_ = {"plain": _sgd_step(weights, loss_fn),
-                   "memgrad.GradientTape('memory')": _sgd_step(weights, loss_fn, memory_tape)}
-    step, failure = _try_step(lambda: _sgd_step(recomputed_weights, recomputed_loss), x,
-                              tail=True)
-    failures = []
-    if step is None:
-        failures.append(("tf.recompute_grad around the cell", failure))
-    else:
-        scan_steps_["tf.recompute_grad around the cell"] = step
+
+    def recomputed_gru():
+        return _sgd_step(*gru_scan(steps=scan_steps, units=256, features=64, seed=0,
+                                   recompute_cell=True))
+
     case = f"GRU as tf.scan over {scan_steps} steps (256 units), batch 32x64"
-    rows += _loop_rows(case, scan_steps_, x, rounds, failures, device)
+    rows += _loop_rows(case, {"plain": _sgd_step(weights, loss_fn),
+                              memory: _sgd_step(weights, loss_fn, memory_tape)},
+                       x, rounds, device, ("tf.recompute_grad around the cell", recomputed_gru))
     return rows
 
 
@@ -827,6 +819,21 @@ SUITES = {
     "xla": xla_suite,
     "zoo": zoo_suite,
 }
+
+
+def _variant_table(intro, rows):
+    """Markdown lines: ``intro``, then one row per variant (case, variant, time and peak vs
+    plain), or the variant's failure."""
+    lines = ["", *intro, "",
+             "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        if row["failure"]:
+            lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
+        else:
+            lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
+                         f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
+    return lines
 
 
 def markdown(rows) -> str:
@@ -858,35 +865,14 @@ def markdown(rows) -> str:
             f"{row['ms_memgrad']:.1f} | {row['ms_plain']:.1f} | {memory} |"
         )
     if peers:
-        lines += [
-            "",
-            "Peers: other tools that trade compute for memory, each measured in the same run against plain",
-            "backprop of the same network (peak: median of three, above the weights).",
-            "",
-            "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for row in peers:
-            if row["failure"]:
-                lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
-            else:
-                lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
-                             f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
+        lines += _variant_table(
+            ["Peers: other tools that trade compute for memory, each measured in the same run against plain",
+             "backprop of the same network (peak: median of three, above the weights)."], peers)
     if looped:
-        lines += [
-            "",
-            "Loops: one SGD step through recurrent layers, every variant against plain backprop of the",
-            "same network in the same run (target: memgrad <= 0.35x of plain's peak at <= 1.4x time).",
-            "",
-            "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for row in looped:
-            if row["failure"]:
-                lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
-            else:
-                lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
-                             f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
+        lines += _variant_table(
+            ["Loops: one SGD step through recurrent layers, every variant against plain backprop of the",
+             "same network in the same run (target: memgrad <= 0.35x of plain's peak at <= 1.4x time)."],
+            looped)
     if recomputed:
         lines += [
             "",
