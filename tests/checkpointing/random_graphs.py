@@ -18,7 +18,9 @@ nested tf.function or a tf.cond, a loop nested in a loop), and a loss (sum of sq
 softmax cross-entropy, or two ys). xs are the variables used, plus optionally intermediate
 tensors, the input, and a variable nothing depends on.
 
-Not drawn, on purpose: two stop_gradients of which one is an x (out of scope:
+Not drawn, on purpose: a stop_gradient on the output of a nested tf.function holding a
+loop (tf.gradients itself then fails at run time: NOT_FOUND: SymbolicGradient), two
+stop_gradients of which one is an x (out of scope:
 `stop_gradients=[x, f(x)]` with x in xs gives total derivatives), and a batch
 normalisation that would cancel a parameter's shift or scale (`_carries_shift`: that
 parameter's gradient is float noise, not a memgrad result).
@@ -230,6 +232,10 @@ def draw_spec(chooser, loops=False):
     stops = _distinct(chooser, half, count)
     if len(stops) > 1:
         stops = [s for s in stops if s not in x_records]
+    # TensorFlow's own tf.gradients fails at run time (NOT_FOUND: SymbolicGradient) with a
+    # stop on the output of a nested tf.function holding a loop: not a memgrad case.
+    stops = [s for s in stops if s <= first_dense or layers[s - first_dense - 1][0] !=
+             "nested_function"]
     after = max(stops, default=-1) + 1
     list_checkpoints = _distinct(chooser, range(after, records), chooser.integer(1, 3))
     return GraphSpec(
