@@ -1,7 +1,8 @@
 """The ``memgrad-profile`` command's launcher: sets TensorFlow's environment, then runs it.
 
-TensorFlow reads two variables once, early: ``TF_CPP_MIN_LOG_LEVEL`` when it logs first (while it
-is imported) and ``TF_CPU_ALLOCATOR_USE_BFC`` when it starts its devices. ``memgrad.cli`` is
+TensorFlow reads these variables once, early: ``TF_CPP_MIN_LOG_LEVEL`` when it logs first and
+``TF_ENABLE_ONEDNN_OPTS`` while it is imported, ``TF_CPU_ALLOCATOR_USE_BFC`` when it starts its
+devices. ``memgrad.cli`` is
 part of the ``memgrad`` package, whose import imports TensorFlow, so the command's entry point
 is this module, which imports nothing before setting them. Values the user set are kept.
 ``python -m memgrad_profile ...`` is the same as ``memgrad-profile ...``.
@@ -9,6 +10,9 @@ is this module, which imports nothing before setting them. Values the user set a
 
 import os
 import sys
+
+CAP_VARIABLE = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 
 
 def main(argv=None) -> int:
@@ -24,6 +28,11 @@ def main(argv=None) -> int:
     # reports its own errors in one line each.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    if os.environ.get(CAP_VARIABLE):
+        # Under an allocator cap (an emulated small device) a oneDNN kernel whose allocation fails
+        # crashes the process (segfault, TF 2.21) instead of raising ResourceExhaustedError, so
+        # the run cannot report the OOM. TensorFlow's own kernels raise it.
+        os.environ.setdefault(ONEDNN_VARIABLE, "0")
     with _native_stderr_silenced():  # lines TensorFlow's C++ side writes while it loads
         from memgrad.cli import main as run
 

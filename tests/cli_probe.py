@@ -13,8 +13,13 @@ import sys
 
 def run(directory, arguments=(), env=None):
     os.makedirs(directory, exist_ok=True)
-    env = {**{k: v for k, v in os.environ.items()  # as a user runs it
-              if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL")}, **(env or {})}
+    unset = {"TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
+    if (env or {}).get("TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        # Under a cap the command chooses oneDNN itself (off, since a oneDNN kernel crashes the
+        # process when an allocation fails); a CI pass that sets TF_ENABLE_ONEDNN_OPTS to pick
+        # the kernels of the uncapped runs would otherwise overrule it.
+        unset.add("TF_ENABLE_ONEDNN_OPTS")
+    env = {**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})}
     done = subprocess.run([sys.executable, "-m", "memgrad_profile", *arguments], cwd=directory, env=env,
                           capture_output=True, text=True, timeout=1200)
     path = os.path.join(directory, "memgrad-profile.json")

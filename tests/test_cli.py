@@ -205,6 +205,36 @@ def test_a_point_that_runs_out_of_memory_prints_what_was_alive_and_what_others_n
     assert _leaked(run["stderr"]) == []
 
 
+def test_onednn_under_a_cap_is_detected_only_with_both(monkeypatch):
+    from memgrad._src import tf_internals
+
+    for capped, onednn, expected in (("22", True, True), ("22", False, False), (None, True, False)):
+        if capped is None:
+            monkeypatch.delenv(cli.CAP_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(cli.CAP_VARIABLE, capped)
+        monkeypatch.setattr(tf_internals, "onednn_enabled", lambda onednn=onednn: onednn)
+        assert cli._onednn_under_a_cap() is expected, (capped, onednn)
+
+
+def test_the_launcher_turns_onednn_off_under_a_cap_unless_the_user_chose(monkeypatch):
+    import sys
+
+    import memgrad_profile
+
+    monkeypatch.setitem(sys.modules, "memgrad.cli", type(sys)("memgrad.cli"))  # no run: records the env
+    seen = []
+    sys.modules["memgrad.cli"].main = lambda argv: seen.append(os.environ.get(cli.ONEDNN_VARIABLE)) or 0
+    for cap, chosen, expected in (("22", None, "0"), ("22", "1", "1"), (None, None, None)):
+        for name, value in ((cli.CAP_VARIABLE, cap), (cli.ONEDNN_VARIABLE, chosen)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        assert memgrad_profile.main([]) == 0
+        assert seen[-1] == expected, (cap, chosen, seen)
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["--model", "nope"], "unknown model 'nope'"),
     (["--model", "glow", "--strategies", "selective"], "has no 'selective' strategy"),

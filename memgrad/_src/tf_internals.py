@@ -188,6 +188,11 @@ def request_cpu_allocator_statistics() -> bool:
     return True
 
 
+# Whether oneDNN's kernels run: TensorFlow turns them on by itself on CPUs with AVX-512 and reads
+# TF_ENABLE_ONEDNN_OPTS (at import) to override that.
+onednn_enabled = _private("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")
+
+
 def grappler():
     """TensorFlow's graph optimizer and its virtual cluster, as ``(tf_optimizer, item,
     cluster, device_properties_pb2)`` (imported on first use: only `predict_peak` needs

@@ -99,17 +99,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _rerun_with_exact_cpu_stats(argv) -> None:
-    """Re-executes this command with the BFC CPU allocator, whose statistics count every byte.
+    """Re-executes this command with the BFC CPU allocator, whose statistics count every byte
+    (and, under an allocator cap, without oneDNN: `_onednn_under_a_cap`).
 
     Importing memgrad asks for that allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``) while
     TensorFlow has not started its devices, so the command normally runs in this process. Only
     when ``main`` is called in a process whose TensorFlow already chose its allocator without
     the variable does the command start itself again.
     """
+    changes = {}
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") is None:
-        env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
+        changes["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    if _onednn_under_a_cap() and os.environ.get(ONEDNN_VARIABLE) is None:
+        changes[ONEDNN_VARIABLE] = "0"  # see _onednn_under_a_cap
+    if changes:
+        env = dict(os.environ, **changes)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.execve(sys.executable, [sys.executable, "-m", "memgrad.cli", *argv], env)
+
+
+CAP_VARIABLE = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+
+
+def _onednn_under_a_cap() -> bool:
+    """Whether oneDNN's kernels run under a capped CPU allocator (an emulated small device).
+
+    There, a oneDNN kernel whose allocation fails crashes the process (a segfault after
+    "OP_REQUIRES failed at mkl_util.h", TensorFlow 2.21) instead of raising
+    ResourceExhaustedError, so a point that runs out of memory could not be reported. The
+    launcher (``memgrad_profile``) and `_rerun_with_exact_cpu_stats` turn oneDNN off under a
+    cap unless ``TF_ENABLE_ONEDNN_OPTS`` is set.
+    """
+    from memgrad._src.tf_internals import onednn_enabled
+
+    return bool(os.environ.get(CAP_VARIABLE)) and bool(onednn_enabled())
 
 
 def _quiet_tensorflow() -> None:
@@ -437,6 +461,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     _rerun_with_exact_cpu_stats(argv)
     _quiet_tensorflow()
+    if _onednn_under_a_cap():  # the user asked for oneDNN under a cap
+        print(f"memgrad-profile: warning: {ONEDNN_VARIABLE}={os.environ.get(ONEDNN_VARIABLE)} under "
+              f"{CAP_VARIABLE}: a step that runs out of memory in a oneDNN kernel crashes the process "
+              f"instead of being reported; set {ONEDNN_VARIABLE}=0 to have out-of-memory points reported",
+              file=sys.stderr)
     try:
         return _run(args)
     except KeyboardInterrupt:

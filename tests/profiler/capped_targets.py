@@ -36,3 +36,30 @@ def fail_in_a_wide_layer(batch_size: int = 1024) -> None:
         return [tf.reduce_sum(g) for g in grads]
 
     step()
+
+
+def crash(after_logging_an_oom: bool) -> None:
+    """Ends the process with a segfault, as a oneDNN kernel does after a failed allocation under
+    the cap (TensorFlow 2.21), with or without TensorFlow's warning line naming the OOM first."""
+    import os
+    import signal
+    import sys
+
+    if after_logging_an_oom:
+        sys.stderr.write("W0000 op_kernel.cc:1858] OP_REQUIRES failed at mkl_util.h:848 : RESOURCE_EXHAUSTED: "
+                         "OOM when allocating tensor with shape[3000,32] and type float on CPU:0\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def profiled_coupling_step(batch_size: int) -> None:
+    """The command's headline workload (16 additive couplings of width 64, plain backprop) run as
+    the command runs it, under TensorFlow's profiler: with oneDNN on, its out-of-memory under
+    22 MiB crashes the process (TensorFlow 2.21)."""
+    import memgrad
+    from memgrad.cli.sweep import model_spec, workload
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)  # as the command runs
+
+    step, inputs, model = workload(model_spec("coupling", width=64), "plain", 16, batch_size)
+    memgrad.profiler.memory_by_category(step, inputs, weights=model.weights, device="CPU:0")

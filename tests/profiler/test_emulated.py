@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 import memgrad
@@ -28,6 +30,28 @@ def test_failures_other_than_memory_raise():
         memgrad.profiler.run_capped("tests.profiler.capped_targets:fail", "64MiB")
     with pytest.raises(memgrad.profiler.CappedRunError, match="cannot import"):
         memgrad.profiler.run_capped("no_such_module_anywhere:fn", "64MiB")
+
+
+@pytest.mark.slow  # two fresh processes
+def test_a_crash_right_after_an_oom_is_an_oom_and_any_other_crash_raises():
+    run = memgrad.profiler.run_capped("tests.profiler.capped_targets:crash", "64MiB",
+                                      {"after_logging_an_oom": True})
+    assert not run.fits and run.peak_bytes is None and run.oom_report is None
+    assert run.message.startswith("OOM when allocating tensor with shape[3000,32] and type float on CPU:0 ")
+    assert f"crashed with signal {int(signal.SIGSEGV)}" in run.message and "oneDNN" in run.message
+    with pytest.raises(memgrad.profiler.CappedRunError, match=rf"crashed \(signal {int(signal.SIGSEGV)}\) in its capped"):
+        memgrad.profiler.run_capped("tests.profiler.capped_targets:crash", "64MiB", {"after_logging_an_oom": False})
+
+
+@pytest.mark.memory
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_the_commands_workload_runs_out_of_memory_with_and_without_onednn(monkeypatch, onednn):
+    # With oneDNN on, this workload's failed allocation crashes the capped process (measured,
+    # TensorFlow 2.21); without it, the step raises ResourceExhaustedError. Both are an OOM.
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
+    run = memgrad.profiler.run_capped("tests.profiler.capped_targets:profiled_coupling_step", "22MiB",
+                                      {"batch_size": 3000})
+    assert not run.fits and run.message.startswith("OOM when allocating tensor with shape["), run
 
 
 @pytest.mark.parametrize("target", ["no_colon", "a:b:c", ":fn", 17])

@@ -106,7 +106,8 @@ def _run_without_bfc(script, **extra_env):
 def test_default_cpu_allocator_measures_large_tensors_and_warns():
     # When TensorFlow started before memgrad could ask for the BFC allocator, oneDNN's allocator
     # still measures 1 MiB activations. TensorFlow turns oneDNN on by default only on CPUs with
-    # AVX-512, so it is forced here. (Without oneDNN: tests/profiler/test_categories.py.)
+    # AVX-512, so it is forced here. (Without oneDNN, measure raises instead:
+    # tests/profiler/test_categories.py.)
     completed = _run_without_bfc(
         """
         import tensorflow as tf

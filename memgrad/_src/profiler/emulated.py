@@ -10,6 +10,7 @@ The variables must be set before TensorFlow is imported, hence the subprocess
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 from memgrad._src.profiler.fresh import FreshProcessError, check_target, run_in_fresh_process
@@ -76,12 +77,16 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
         and attach an `OutOfMemoryReport` (``oom_report``): the tensors alive at the failure.
 
     Returns:
-      A `CappedRun`; ``fits`` says whether the call finished under the cap.
+      A `CappedRun`; ``fits`` says whether the call finished under the cap. A process that
+      crashed right after TensorFlow logged an out-of-memory (what a oneDNN kernel does when its
+      allocation fails, on CPUs where TensorFlow turns oneDNN on) did not fit; its ``message``
+      says so, and it has no ``oom_report``.
 
     Raises:
       ValueError: for a malformed target or limit.
       CappedRunError: if the workload failed for another reason (import error,
-        exception, crash, timeout); the message carries the subprocess's error.
+        exception, a crash with no OOM before it, timeout); the message carries the
+        subprocess's error.
 
     Example:
       >>> run = run_capped("memgrad.profiler.workloads:mlp_training_step", "512MiB",
@@ -95,7 +100,9 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
     env = dict(
         TF_CPU_ALLOCATOR_USE_BFC="true",
         TF_CPU_BFC_MEM_LIMIT_IN_MB=str(limit_mib),
-        TF_CPP_MIN_LOG_LEVEL="2",
+        # Warnings kept (the stderr is only read here): a crash after a failed allocation is
+        # recognised by TensorFlow's warning line naming the OOM (`_crashed_out_of_memory`).
+        TF_CPP_MIN_LOG_LEVEL="1",
         CUDA_VISIBLE_DEVICES="-1",
     )
     start = time.perf_counter()
@@ -104,7 +111,12 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
                                       kwargs={"target": target, "kwargs": kwargs, "explain": bool(explain)},
                                       env=env, timeout=timeout)
     except FreshProcessError as error:
-        raise CappedRunError(f"{target}({kwargs}) failed in its capped subprocess: {error.detail}") from error
+        message = _crashed_out_of_memory(error)
+        if message is None:
+            how = (f"crashed (signal {-error.returncode})" if error.returncode is not None and error.returncode < 0
+                   else "failed")
+            raise CappedRunError(f"{target}({kwargs}) {how} in its capped subprocess: {error.detail}") from error
+        result = {"status": "oom", "message": message}
     elapsed = time.perf_counter() - start
     return CappedRun(
         target=target,
@@ -116,6 +128,26 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
         wall_time_s=elapsed,
         oom_report=_report_from_dict(result.get("report")),
     )
+
+
+_OOM_LOGGED = re.compile(r"RESOURCE_EXHAUSTED: (OOM when allocating[^\n]*)")
+
+
+def _crashed_out_of_memory(error):
+    """The OOM message of a capped process that an allocation failure crashed, else ``None``.
+
+    Under the cap, a oneDNN kernel (TensorFlow's default on CPUs with AVX-512) whose
+    allocation fails logs the failure and then crashes the process (a segfault, TensorFlow
+    2.21) instead of raising ResourceExhaustedError. A process ended by a signal right after
+    logging an OOM ran out of memory: the run did not fit.
+    """
+    if error.returncode is None or error.returncode >= 0:
+        return None
+    found = _OOM_LOGGED.findall(error.detail or "")
+    if not found:
+        return None
+    return (f"{found[-1].strip()} (the process then crashed with signal {-error.returncode}: a oneDNN "
+            "kernel does not survive a failed allocation; set TF_ENABLE_ONEDNN_OPTS=0 to get a report)")
 
 
 def _report_from_dict(data):

@@ -30,11 +30,14 @@ class FreshProcessError(RuntimeError):
 
     Attributes:
       detail: the process's own account: the traceback, the end of its stderr, or why it stopped.
+      returncode: the process's exit code (negative: the signal that ended it), ``None`` if it
+        was killed for its timeout.
     """
 
-    def __init__(self, message, detail=""):
+    def __init__(self, message, detail="", returncode=None):
         super().__init__(message)
         self.detail = detail
+        self.returncode = returncode
 
 
 def check_target(target) -> str:
@@ -128,7 +131,8 @@ class FreshProcess:
             else:
                 detail = err.strip()[-3000:]
             raise FreshProcessError(
-                f"{description} failed in its fresh process (exit code {self.returncode}): {detail}", detail)
+                f"{description} failed in its fresh process (exit code {self.returncode}): {detail}", detail,
+                self.returncode)
         return result["value"]
 
 
