@@ -16,8 +16,16 @@ def conv_net(frozen_backbone):
     return conv_classifier(frozen_backbone, depth=16, channels=16)
 
 
-def step_peak(model, graph=False, calls=1):
-    """The least peak of ``calls`` measured steps (one trace, one warm-up)."""
+def step_peak(model, graph=False, calls=1, traces=1):
+    """The least peak of ``calls`` measured steps of each of ``traces`` traces (one warm-up
+    each).
+
+    With oneDNN on, one graph traced twice peaks at 33 or 45 MiB, steadily across calls of
+    a trace (measured on the trainable conv net): the optimised graph's schedule is fixed per
+    trace, not per graph. Several traces find the graph's own least peak.
+    """
+    if traces > 1:
+        return min(step_peak(model, graph, calls) for _ in range(traces))
     x = tf.random.stateless_normal([16, 32, 32, 8], seed=[0, 1])  # activations of 1 MiB
     y = tf.range(16) % 10
     optimizer = keras.optimizers.SGD(0.01)
@@ -42,7 +50,7 @@ def graph_peaks():
         keras_model = conv_net(frozen)
         converted = memgrad.selective.convert(keras_model)
         results["frozen" if frozen else "trainable"] = [
-            step_peak(m, graph=True, calls=3) for m in (keras_model, converted)]
+            step_peak(m, graph=True, calls=2, traces=3) for m in (keras_model, converted)]
     return results
 
 
