@@ -329,3 +329,47 @@ def test_one_line_picks_the_message_of_a_graph_or_keras_error():
     assert cli.one_line(keras_error) == "The custom_gradient decorator supports only eager."
     assert cli.one_line(OSError("first line\nsecond")) == "first line"
     assert cli.one_line(RuntimeError("")) == "RuntimeError"
+
+
+def _table_rows(spreads):
+    return [{"depth": 4, "batch_size": 8, "strategy": s, "out_of_memory": False,
+             "peak_above_baseline_bytes": b * 2**20, "memory_ratio": r, "ms_per_step": ms,
+             "time_overhead": ms / 10.0, "time_spread": spread}
+            for (s, b, r, ms), spread in zip((("plain", 10, 1.0, 10.0), ("memory", 4, 0.4, 12.0)),
+                                             spreads)]
+
+
+def test_the_table_says_once_what_each_column_means():
+    table = cli.format_table(_table_rows([0.03, 0.05]))
+    header = table.splitlines()[0].split()
+    assert header[:3] == ["depth", "batch", "strategy"]
+    for column in ("peak MiB", "vs plain", "ms/step", "spread", "time vs plain"):
+        assert column in table.splitlines()[0]
+        assert sum(line.startswith(f"{column}: ") for line in table.splitlines()) == 1, column
+    memory_line = next(line for line in table.splitlines() if " memory " in line)
+    assert memory_line.split()[-3:] == ["12.0", "5%", "1.20x"]
+    assert "more than 10%" not in table
+
+
+def test_the_table_marks_times_whose_rounds_differ_by_more_than_ten_percent():
+    table = cli.format_table(_table_rows([0.04, 0.25]))
+    marked = [line for line in table.splitlines() if "25%*" in line]
+    assert len(marked) == 1 and " memory " in marked[0]
+    note = table.splitlines()[-1]
+    assert note.startswith("* timed rounds differ by more than 10% (1 of 2 rows, up to 25%)")
+
+
+def test_help_states_the_timed_rounds_the_code_runs():
+    text = " ".join(cli.build_parser().format_help().split())
+    assert f"the median of {cli.TIMED_ROUNDS} timed rounds ({cli.SLOW_STEP_ROUNDS} when a step " \
+           f"takes over {cli.SLOW_STEP_S:g} s)" in text
+    import inspect
+    assert inspect.signature(cli.time_steps).parameters["rounds"].default == cli.TIMED_ROUNDS
+
+
+def test_the_plot_draws_the_spread_of_the_timed_rounds(tmp_path):
+    rows = _table_rows([0.04, 0.25])
+    for row in rows:
+        row.update(model="m", peak_bytes=row["peak_above_baseline_bytes"], categories=None)
+    cli.plot(rows, str(tmp_path / "spread.png"), "spread")
+    _assert_png(tmp_path / "spread.png")

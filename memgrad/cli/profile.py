@@ -52,6 +52,12 @@ def _budget(text: str) -> _Budget:
     return _Budget(text, value)
 
 
+# Timed rounds per point, and fewer for slow steps (steps of seconds vary little).
+TIMED_ROUNDS = 7
+SLOW_STEP_ROUNDS = 3
+SLOW_STEP_S = 0.4
+
+
 def build_parser() -> argparse.ArgumentParser:
     from memgrad.cli.sweep import BUILT_IN, STRATEGIES
 
@@ -83,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="features of the coupling model (even; default: 256)")
     parser.add_argument("--repeats", type=_positive_int, default=3,
                         help="profiled steps per point; the one with the highest peak gives the peak, "
-                             "the categories and --top (default: 3); time comes from five timed rounds")
+                             "the categories and --top (default: 3); the time is the median of "
+                             f"{TIMED_ROUNDS} timed rounds ({SLOW_STEP_ROUNDS} when a step takes "
+                             f"over {SLOW_STEP_S:g} s), each running every strategy in turn")
     parser.add_argument("--device", default=None, help="'CPU:0', 'GPU:0', ... (default: GPU:0 if present)")
     parser.add_argument("--json", metavar="PATH", default="memgrad-profile.json",
                         help="where to write the results (default: memgrad-profile.json)")
@@ -208,14 +216,15 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
     return rows
 
 
-def time_steps(entries, rounds=7, round_s=0.1):
+def time_steps(entries, rounds=TIMED_ROUNDS, round_s=0.1):
     """Times steps side by side: each round runs every step in turn, so the steps share the
     machine's slow and fast moments and their ratios hold still.
 
     Args:
       entries: ``(step, inputs, first_s)`` per step: the step (already traced), its
         arguments and a first estimate of one call's time, which sets its calls per round.
-      rounds: timed rounds (three at most when a step is slower than 0.4 s).
+      rounds: timed rounds (`SLOW_STEP_ROUNDS` at most when a step is slower than
+        `SLOW_STEP_S` seconds).
       round_s: the least time each step runs per round.
 
     Returns:
@@ -231,8 +240,8 @@ def time_steps(entries, rounds=7, round_s=0.1):
     if not entries:
         return []
     per_round = [max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1)) for _, _, first_s in entries]
-    if max(first_s for _, _, first_s in entries) > 0.4:  # steps of seconds vary little: three rounds do
-        rounds = min(rounds, 3)
+    if max(first_s for _, _, first_s in entries) > SLOW_STEP_S:
+        rounds = min(rounds, SLOW_STEP_ROUNDS)
     means = [[] for _ in entries]
     collecting = gc.isenabled()
     gc.disable()  # as timeit does: no collector pause lands in one strategy's round

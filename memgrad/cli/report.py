@@ -7,11 +7,24 @@ import re
 from memgrad._src.units import format_bytes
 
 
+# What each column of the table means, printed once under it.
+TABLE_LEGEND = (
+    "peak MiB: the training step's peak memory above the model's weights and inputs\n"
+    "vs plain: that peak over plain backprop's at the same depth and batch\n"
+    "ms/step: time of one training step, the median of the timed rounds\n"
+    "spread: how far the timed rounds differ (slowest minus fastest, over the median)\n"
+    "time vs plain: time per step over plain backprop's, timed side by side")
+# Above this spread a time is noise more than a result: the table says so.
+NOISY_SPREAD = 0.10
+
+
 def format_table(rows) -> str:
-    """Renders sweep rows as a fixed-width text table."""
+    """Renders sweep rows as a fixed-width text table, with what each column means and a note
+    when the timed rounds of a point differ by more than 10%."""
     header = (f"{'depth':>6} {'batch':>6} {'strategy':<11} {'peak MiB':>10} {'vs plain':>9} "
-              f"{'ms/step':>9} {'overhead':>9}")
+              f"{'ms/step':>9} {'spread':>7} {'time vs plain':>14}")
     lines = [header, "-" * len(header)]
+    noisy = []
     for row in rows:
         depth = "-" if row["depth"] is None else str(row["depth"])
         if row["out_of_memory"]:
@@ -19,11 +32,22 @@ def format_table(rows) -> str:
             continue
         ratio = "" if row["memory_ratio"] is None else f"{row['memory_ratio']:.2f}x"
         overhead = "" if row["time_overhead"] is None else f"{row['time_overhead']:.2f}x"
+        spread = row.get("time_spread")
+        shown = "" if spread is None else f"{spread:.0%}"
+        if spread is not None and spread > NOISY_SPREAD:
+            noisy.append(row)
+            shown += "*"
         lines.append(
             f"{depth:>6} {row['batch_size']:>6} {row['strategy']:<11} "
             f"{row['peak_above_baseline_bytes'] / 2**20:>10.2f} {ratio:>9} {row['ms_per_step']:>9.1f} "
-            f"{overhead:>9}"
+            f"{shown:>7} {overhead:>14}"
         )
+    lines += ["", TABLE_LEGEND]
+    if noisy:
+        worst = max(r["time_spread"] for r in noisy)
+        lines.append(f"* timed rounds differ by more than {NOISY_SPREAD:.0%} ({len(noisy)} of "
+                     f"{len(rows)} rows, up to {worst:.0%}): the machine was busy, so read those "
+                     "times as rough; memory is not affected. Rerun on an idle machine to compare times.")
     return "\n".join(lines)
 
 
@@ -104,16 +128,23 @@ def plot(rows, path, title) -> None:
             if points:
                 left.bar(index, points[0]["peak_above_baseline_bytes"] / 2**20, label=strategy)
                 if points[0]["time_overhead"] is not None:
-                    right.bar(index, points[0]["time_overhead"], label=strategy)
+                    right.bar(index, points[0]["time_overhead"], yerr=_half_spread(points[0]),
+                              capsize=3, label=strategy)
             continue
         points.sort(key=lambda r: r[axis])
         xs = [r[axis] for r in points]
         left.plot(xs, [r["peak_above_baseline_bytes"] / 2**20 for r in points], "o-", label=strategy)
         timed = [r for r in points if r["time_overhead"] is not None]
-        right.plot([r[axis] for r in timed], [r["time_overhead"] for r in timed], "o-", label=strategy)
+        right.errorbar([r[axis] for r in timed], [r["time_overhead"] for r in timed],
+                       yerr=[_half_spread(r) for r in timed], fmt="o-", capsize=3, label=strategy)
     left.set_title("peak memory of a training step (above weights)")
     left.set_ylabel("MiB")
-    right.set_title("time per step vs plain backprop")
+    right.set_title("time per step vs plain backprop (bars: spread of the timed rounds)")
+    noisy = [r for r in rows if (r.get("time_spread") or 0.0) > NOISY_SPREAD]
+    if noisy:
+        right.text(0.01, 0.01, f"{len(noisy)} of {len(rows)} points: timed rounds differ by more "
+                   f"than {NOISY_SPREAD:.0%}; the machine was busy", transform=right.transAxes,
+                   fontsize=8, color="darkred")
     right.set_ylabel("x plain")
     right.axhline(1.0, color="gray", lw=0.8)
     for ax in (left, right):
@@ -127,6 +158,11 @@ def plot(rows, path, title) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _half_spread(row) -> float:
+    """Half the spread of a row's timed rounds, in units of its time overhead."""
+    return 0.5 * (row.get("time_spread") or 0.0) * row["time_overhead"]
 
 
 def _plot_categories(ax, rows, plt) -> None:
