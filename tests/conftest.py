@@ -29,7 +29,8 @@ import pytest  # noqa: E402
 
 
 def pytest_configure(config):
-    """The markers of the fast loop: ``python -m pytest -q -m "not slow and not memory" tests``."""
+    """The markers. Plain ``python -m pytest`` leaves out ``slow`` and ``memory`` tests (the
+    ``addopts`` in pyproject.toml); ``-m "slow or memory"`` runs those, ``-m ""`` everything."""
     config.addinivalue_line(
         "markers", "memory: asserts measured memory (peaks, ratios, what fits under a cap); "
         "often in fresh processes, minutes on 2 cores")
