@@ -40,9 +40,10 @@ def probes(fresh_results):
 @pytest.mark.parametrize("plan", ["plain", "memory", "sqrt"])
 def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
     """The model predicts the peak of one schedule; the executor's threads run ready ops in
-    an order that changes from call to call, and with it the peak (dense blocks under sqrt
-    spacing: 34.1 MiB median on one machine, 39-41 MiB on another, predicted 41.0 MiB). The
-    prediction is held within 20% of the range of the five calls' peaks."""
+    an order that changes from call to call, and with it the peak (one plan on dense blocks:
+    33-43 MiB; under sqrt spacing, predicted 41.0 MiB, the median of five calls was 34.1 MiB
+    on one machine and within 20% of 41.0 on another). The prediction is held within 20% of
+    the range of the five calls' peaks."""
     r = probes[name][plan]
     low, high = r["measured_range"]
     assert 0.8 * low <= r["predicted"] <= 1.2 * high, (
