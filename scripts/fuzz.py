@@ -6,11 +6,13 @@ random_graphs.py), so any failure is reproduced by `--seed S --only i`. Every st
 tf.GradientTape of the same forward in the same tf.function.
 
 Usage:
-    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17] [--loops]
+    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17] [--loops] [--dtypes]
 
 With --loops every graph holds at least one loop (tf.scan, tf.foldl, tf.map_fn, a
 tf.while_loop writing a TensorArray or running a data-dependent number of steps, a Keras
-recurrent layer, a scan inside a nested tf.function or a tf.cond, nested loops).
+recurrent layer, a scan inside a nested tf.function or a tf.cond, nested loops). With
+--dtypes each graph computes in a drawn dtype: float32, float64, or a mixed-precision policy
+(float16 or bfloat16 ops on float32 variables), judged within that dtype's tolerance.
 
 Prints progress, then the distribution of the max relative error (per strategy and per
 graph), counts of crashes / wrong gradients / fallbacks / budget errors, and the repro
@@ -32,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402  (after the path and environment above)
 
 from tests.checkpointing.random_graphs import (  # noqa: E402
-    FAILURES, TOLERANCE, RandomChooser, check_graph, draw_spec,
+    DTYPES, FAILURES, TOLERANCE, TOLERANCES, RandomChooser, check_graph, draw_spec,
 )
 
 
@@ -41,11 +43,22 @@ def graph_seed(seed, index):
     return f"{seed}:{index}"
 
 
-def summarize(results, seed, elapsed, loops=False):
+def _flags(loops, dtypes):
+    """The command-line flags that draw the same graphs."""
+    return (" --loops" if loops else "") + (" --dtypes" if dtypes else "")
+
+
+def summarize(results, seed, elapsed, loops=False, dtypes=False):
     """The summary text of a list of `(index, GraphResult)`."""
-    lines = [f"== {len(results)} graphs{' with loops' if loops else ''}, seed {seed}, "
-             f"{elapsed:.0f} s "
-             f"({elapsed / max(len(results), 1):.2f} s/graph), tolerance {TOLERANCE:g}"]
+    kinds_drawn = " and ".join(k for k, on in (("loops", loops), ("drawn dtypes", dtypes)) if on)
+    tolerance = (", ".join(f"{d} {TOLERANCES[d]:g}" for d in DTYPES) if dtypes
+                 else f"{TOLERANCE:g}")
+    lines = [f"== {len(results)} graphs{' with ' + kinds_drawn if kinds_drawn else ''}, "
+             f"seed {seed}, {elapsed:.0f} s "
+             f"({elapsed / max(len(results), 1):.2f} s/graph), tolerance {tolerance}"]
+    if dtypes:
+        drawn = collections.Counter(r.spec.dtype for _, r in results)
+        lines.append("dtypes: " + "  ".join(f"{d}={drawn[d]}" for d in DTYPES))
     errors = collections.defaultdict(list)
     statuses = collections.Counter()
     budget_errors = 0
@@ -81,21 +94,22 @@ def summarize(results, seed, elapsed, loops=False):
     lines.append(f"graphs with a failure: {len(failed)}")
     for i, result in failed:
         lines.append(f"-- FAILURE: repro with `python scripts/fuzz.py --seed {seed} --only {i}"
-                     f"{' --loops' if loops else ''}`")
+                     f"{_flags(loops, dtypes)}`")
         lines.append(result.report())
     return "\n".join(lines)
 
 
 def _check(args):
     """Draws and checks graph `index` of run `seed` (in a worker process with --jobs)."""
-    seed, index, loops = args
+    seed, index, loops, dtypes = args
     warnings.simplefilter("ignore")  # 'memory' warns when it keeps nothing; counted below
-    return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index)), loops=loops))
+    return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index)), loops=loops,
+                                        dtypes=dtypes))
 
 
-def _results(seed, indices, jobs, loops=False):
+def _results(seed, indices, jobs, loops=False, dtypes=False):
     """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one."""
-    work = [(seed, i, loops) for i in indices]
+    work = [(seed, i, loops, dtypes) for i in indices]
     if jobs <= 1:
         yield from map(_check, work)
         return
@@ -114,10 +128,13 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--loops", action="store_true",
                         help="draw at least one loop into every graph")
+    parser.add_argument("--dtypes", action="store_true",
+                        help="draw each graph's dtype: float32, float64, mixed float16/bfloat16")
     args = parser.parse_args(argv)
     indices = [args.only] if args.only is not None else range(args.graphs)
     results, start = [], time.perf_counter()
-    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, args.loops), 1):
+    drawn = dict(loops=args.loops, dtypes=args.dtypes)
+    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, **drawn), 1):
         spec = result.spec
         results.append((i, result))
         worst = max((o.error for o in result.outcomes if o.status in FAILURES or
@@ -125,13 +142,14 @@ def main(argv=None):
         flag = " FAILED: " + ",".join(f"{o.strategy}={o.status}" for o in result.failures) \
             if result.failures else ""
         print(f"[{n}/{len(indices)}] graph {i}: {len(spec.conv)} conv + "
-              f"{len(spec.layers)} layers, max error {worst:.2e}{flag}", flush=True)
+              f"{len(spec.layers)} layers, {spec.dtype}, max error {worst:.2e}{flag}",
+              flush=True)
         if args.only is not None:
             print(result.report())
         if n % args.every == 0 and n < len(indices):
-            print(summarize(results, args.seed, time.perf_counter() - start, args.loops),
+            print(summarize(results, args.seed, time.perf_counter() - start, **drawn),
                   flush=True)
-    print(summarize(results, args.seed, time.perf_counter() - start, args.loops), flush=True)
+    print(summarize(results, args.seed, time.perf_counter() - start, **drawn), flush=True)
     return 1 if any(r.failures for _, r in results) else 0
 
 

@@ -40,6 +40,14 @@ from tests.checkpointing.models import max_relative_error
 
 BATCH, SIDE, CHANNELS, WIDTH, VOCAB, TOKENS, CLASSES = 4, 6, 4, 16, 10, 3, 5
 TOLERANCE = 1e-5
+# The dtypes drawn with `draw_spec(chooser, dtypes=True)`: a graph computes in float32, in
+# float64, or under a Keras mixed-precision policy (float32 variables, every op in float16 or
+# bfloat16, the loss in float32). memgrad's gradient is compared with tf.gradients of the
+# same graph in the same dtype, within the dtype's tolerance: recomputation repeats the same
+# ops, but a gradient summed in another order rounds differently.
+DTYPES = ("float32", "float64", "mixed_float16", "mixed_bfloat16")
+TOLERANCES = {"float32": TOLERANCE, "float64": 1e-10, "mixed_float16": 1e-2,
+              "mixed_bfloat16": 5e-2}
 MIN_DENSE_LAYERS, MAX_DENSE_LAYERS = 5, 6
 
 CONV_KINDS = ("conv", "conv_residual", "conv_bn")
@@ -124,6 +132,7 @@ class GraphSpec:
       tape_checkpoints: the strategy of `memgrad.GradientTape`.
       plain_tape: whether a `tf.GradientTape` records the forward too (the reference of
         memgrad's tape; else tf.gradients without stops is).
+      dtype: one of `DTYPES`, what the graph computes in.
     """
 
     seed: int
@@ -140,6 +149,12 @@ class GraphSpec:
     budget: float
     tape_checkpoints: str
     plain_tape: bool
+    dtype: str = "float32"
+
+    @property
+    def tolerance(self):
+        """The largest relative error accepted between memgrad's and TensorFlow's gradients."""
+        return TOLERANCES[self.dtype]
 
     @property
     def records(self):
@@ -188,11 +203,12 @@ def _loop_argument(chooser, kind):
     return None
 
 
-def draw_spec(chooser, loops=False):
+def draw_spec(chooser, loops=False, dtypes=False):
     """Draws a `GraphSpec` through `chooser` (a `RandomChooser` or `HypothesisChooser`).
 
     With ``loops``, dense-stage layers are drawn from `LOOP_KINDS` too, and one of them,
-    at least, is a loop.
+    at least, is a loop. With ``dtypes``, the graph's dtype is drawn from `DTYPES` (else it
+    is float32); it is drawn last, so the rest of a seed's graph is the same either way.
     """
     seed = chooser.integer(0, 2**16)
     conv = []
@@ -238,7 +254,7 @@ def draw_spec(chooser, loops=False):
              "nested_function"]
     after = max(stops, default=-1) + 1
     list_checkpoints = _distinct(chooser, range(after, records), chooser.integer(1, 3))
-    return GraphSpec(
+    spec = GraphSpec(
         seed=seed, conv=conv, layers=layers, loss=loss, aux=aux, x_records=x_records,
         x_input=bool(chooser.integer(0, 1)), x_unconnected=bool(chooser.integer(0, 1)),
         unconnected=chooser.choice(("none", "zero")), stops=stops,
@@ -246,6 +262,9 @@ def draw_spec(chooser, loops=False):
         tape_checkpoints=chooser.choice(TAPE_CHECKPOINTS),
         plain_tape=bool(chooser.integer(0, 1)),
     )
+    if dtypes:
+        spec.dtype = chooser.choice(DTYPES)
+    return spec
 
 
 # ---------------------------------------------------------------------- the graph
@@ -271,14 +290,17 @@ class RandomGraph:
     use), so tracing inside `tf.function` only reads them.
     """
 
-    def __init__(self, spec, dtype=tf.float32):
+    def __init__(self, spec, dtype=None):
         self.spec = spec
-        self.dtype = tf.as_dtype(dtype)  # float64 gives the exact-arithmetic reference
+        # `dtype` overrides the spec's: float64 gives the exact-arithmetic reference.
+        self.policy = keras.DTypePolicy(dtype or spec.dtype)
+        self.dtype = tf.as_dtype(self.policy.compute_dtype)  # what the ops compute in
+        self.variable_dtype = tf.as_dtype(self.policy.variable_dtype)
         self._rng = np.random.default_rng(spec.seed)
         self._variables = {}
         self._keras = {}
         self._functions = {}  # the inner tf.functions of `nested_function` layers
-        self.unused = tf.Variable(tf.ones([3], self.dtype), name="unconnected")
+        self.unused = tf.Variable(tf.ones([3], self.variable_dtype), name="unconnected")
         rng = np.random.default_rng(spec.seed + 1)
         image = rng.standard_normal((BATCH, SIDE, SIDE, CHANNELS)).astype("float32")
         self.x = tf.constant(image, self.dtype)
@@ -287,26 +309,29 @@ class RandomGraph:
         self.forward(self.x, self.ids, self.labels)  # creates the variables
 
     def _var(self, name, shape, scale=None, offset=0.0):
+        """The variable `name` as the ops use it: cast to the compute dtype under a
+        mixed-precision policy, as Keras layers do."""
         if name not in self._variables:
             fan_in = int(np.prod(shape[:-1])) or 1
             scale = 1.0 / np.sqrt(fan_in) if scale is None else scale
             value = offset + scale * self._rng.standard_normal(shape)
             self._variables[name] = tf.Variable(
                 # Rounded to float32 first: a float64 graph has the float32 one's values.
-                value.astype("float32").astype(self.dtype.as_numpy_dtype), name=name)
-        return self._variables[name]
+                value.astype("float32").astype(self.variable_dtype.as_numpy_dtype), name=name)
+        variable = self._variables[name]
+        return variable if variable.dtype == self.dtype else tf.cast(variable, self.dtype)
 
     def _keras_bn(self, name):
         if name not in self._keras:
             self._keras[name] = keras.layers.BatchNormalization(
-                name=name, dtype=self.dtype.name)
+                name=name, dtype=self.policy.name)
         return self._keras[name]
 
     def _keras_rnn(self, name, kind):
         if name not in self._keras:
             keras.utils.set_random_seed(self.spec.seed)
             self._keras[name] = getattr(keras.layers, kind)(
-                WIDTH, name=name, dtype=self.dtype.name)
+                WIDTH, name=name, dtype=self.policy.name)
         return self._keras[name]
 
     @property
@@ -442,14 +467,15 @@ class RandomGraph:
         kind = self.spec.loss
         # Always a dense head first: the sum of squares of a batch-normalised tensor is
         # nearly constant, so every gradient upstream of it would be rounding noise.
-        logits = h @ self._var("head", [WIDTH, CLASSES])
+        # In float32 under a mixed-precision policy, as Keras computes a model's loss.
+        logits = tf.cast(h @ self._var("head", [WIDTH, CLASSES]), self.variable_dtype)
         if kind == "squares":
             return [tf.reduce_sum(logits * logits)]
         xent = tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         if kind == "xent":
             return [xent]
-        aux = records[self.spec.aux]
+        aux = tf.cast(records[self.spec.aux], self.variable_dtype)
         return [xent, 0.1 * tf.reduce_sum(tf.square(tf.tanh(aux)))]
 
 
@@ -497,10 +523,11 @@ class GraphResult:
 
 
 def _dense(g):
-    return None if g is None else tf.convert_to_tensor(g).numpy()
+    """A gradient as a float64 array (exact for every dtype drawn), or None."""
+    return None if g is None else tf.convert_to_tensor(g).numpy().astype(np.float64)
 
 
-def compare(reference, other):
+def compare(reference, other, tolerance=TOLERANCE):
     """(max relative error, problem or '') between two gradient lists.
 
     None-ness must match position by position; IndexedSlices are densified; the error is
@@ -526,7 +553,7 @@ def compare(reference, other):
         worst = max((float(np.abs(a - b).max()) for a, b in pairs if a.size), default=0.0)
         return worst, ""
     error = max_relative_error([a for a, _ in pairs], [b for _, b in pairs])
-    if error <= TOLERANCE:
+    if error <= tolerance:
         return error, ""
     # Name the worst x (the scale rule of max_relative_error) to start minimising from.
     overall = max(float(np.abs(a).max()) for a, _ in pairs if a.size)
@@ -644,7 +671,7 @@ def check_graph(spec, only=None):
             return GraphResult(spec, outcomes)
         detail = traceback.format_exc(limit=-8)
         return GraphResult(spec, [Outcome(n, "crash", float("inf"), detail) for n in names])
-    outcomes = [_outcome(n, log.get(n), results, log["cut"]) for n in names]
+    outcomes = [_outcome(n, log.get(n), results, log["cut"], spec.tolerance) for n in names]
     if any(o.status == "wrong" and o.detail.startswith("worst:") for o in outcomes):
         _triage(spec, outcomes, results)
     for o in outcomes:
@@ -656,7 +683,7 @@ def check_graph(spec, only=None):
 
 def _float64_gradients(spec):
     """tf.gradients of `spec`'s graph in float64 (same values): with and without stops."""
-    graph = RandomGraph(spec, tf.float64)
+    graph = RandomGraph(spec, "float64")
 
     @tf.function(autograph=False)
     def step(x, ids, labels):
@@ -669,9 +696,7 @@ def _float64_gradients(spec):
                                           unconnected_gradients=spec.unconnected),
                 "tape_reference": tf.gradients(ys, xs, unconnected_gradients=spec.unconnected)}
 
-    exact = step(graph.x, graph.ids, graph.labels)
-    return {k: [None if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32) for g in v]
-            for k, v in exact.items()}
+    return step(graph.x, graph.ids, graph.labels)
 
 
 def _triage(spec, outcomes, results):
@@ -692,17 +717,17 @@ def _triage(spec, outcomes, results):
         tf_error, _ = compare(exact[key], results[key])
         memgrad_error, _ = compare(exact[key], results[o.strategy])
         o.detail += (f"; vs float64: tf.gradients {tf_error:.2e}, memgrad {memgrad_error:.2e}")
-        if memgrad_error <= max(2.0 * tf_error, TOLERANCE):
+        if memgrad_error <= max(2.0 * tf_error, spec.tolerance):
             o.status = "noise"
 
 
-def _outcome(name, logged, results, cut=False):
+def _outcome(name, logged, results, cut=False, tolerance=TOLERANCE):
     kind, value = logged if logged else ("entries", [])
     if kind != "entries":
         return Outcome(name, kind, 0.0 if kind == "budget_error" else float("inf"), value)
     reference = results["tape_reference" if name == "tape" else "reference"]
-    error, problem = compare(reference, results[name])
-    if problem or not error <= TOLERANCE:
+    error, problem = compare(reference, results[name], tolerance)
+    if problem or not error <= tolerance:
         return Outcome(name, "wrong", error, problem)
     if not value:
         return Outcome(name, "fallback", error, "memgrad.gradients was not called")

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.checkpointing.random_graphs import (
-    LOOP_KINDS, HypothesisChooser, check_graph, draw_spec,
+    DTYPES, LOOP_KINDS, HypothesisChooser, RandomChooser, RandomGraph, check_graph, draw_spec,
 )
 
 
@@ -54,12 +54,64 @@ def test_every_strategy_matches_tf_gradients_on_random_graphs_with_loops(data):
     assert not result.failures, result.report()
 
 
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_every_strategy_matches_tf_gradients_on_random_graphs_of_every_dtype(data):
+    """The same check on graphs computing in float32, float64 or under a mixed-precision
+    policy (float16 or bfloat16 ops on float32 variables), each within its dtype's
+    tolerance (random_graphs.TOLERANCES); loops drawn too. The long run is
+    `python scripts/fuzz.py --dtypes [--loops]`."""
+    spec = draw_spec(HypothesisChooser(data), loops=data.draw(st.booleans()), dtypes=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_graph(spec)
+    assert not result.failures, result.report()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_drawn_graph_computes_in_its_dtype(dtype):
+    import tensorflow as tf
+
+    spec = draw_spec(RandomChooser("dtypes"))
+    spec.dtype = dtype
+    graph = RandomGraph(spec)
+    compute = {"mixed_float16": tf.float16, "mixed_bfloat16": tf.bfloat16}.get(dtype, dtype)
+    variables = tf.float32 if dtype.startswith("mixed") else dtype
+    assert {tf.as_dtype(v.dtype) for v in graph.variables} == {tf.as_dtype(variables)}
+    ys, records = graph.forward(graph.x, graph.ids, graph.labels)
+    assert {r.dtype for r in records} == {tf.as_dtype(compute)}
+    assert {y.dtype for y in ys} == {tf.as_dtype(variables)}  # the loss: float32 when mixed
+
+
+@pytest.mark.parametrize("dtype, factor", [("float64", 1 + 1e-8), ("mixed_float16", 1.05)])
+def test_the_check_catches_a_gradient_wrong_for_its_dtype(monkeypatch, dtype, factor):
+    """The tolerance follows the dtype: 1e-8 off is wrong in float64 (where float32's 1e-5
+    would let it pass), 5% off is wrong under mixed float16."""
+    import memgrad
+
+    original = memgrad.gradients
+
+    def perturbed(*args, **kwargs):
+        grads = original(*args, **kwargs)
+        first = next(i for i, g in enumerate(grads) if g is not None)
+        grads[first] = grads[first] * factor
+        return grads
+
+    monkeypatch.setattr(memgrad, "gradients", perturbed)
+    spec = draw_spec(RandomChooser("harness"))
+    spec.dtype = dtype
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_graph(spec, only=["memory"])
+    assert [o.status for o in result.outcomes] == ["wrong"], result.report()
+
+
 def test_the_check_catches_a_slightly_wrong_gradient(monkeypatch):
     """The harness itself: a gradient off by 0.1% must come out `wrong`, float64 triage
     included (memgrad then is far less accurate than tf.gradients)."""
     import memgrad
-    from tests.checkpointing.random_graphs import RandomChooser
-
     original = memgrad.gradients
 
     def perturbed(*args, **kwargs):
