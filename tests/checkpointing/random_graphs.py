@@ -455,7 +455,8 @@ class RandomGraph:
             return tf.cond(pred, lambda: self._loop(name, "scan", 9, h),
                            lambda: tf.nn.relu(h) * v)
         if kind == "nested_loop":
-            w, steps = self._var(name, [WIDTH, WIDTH], 0.5), tf.range(1.0, 4.0, dtype=self.dtype)
+            w = self._var(name, [WIDTH, WIDTH], 0.5)
+            steps = tf.cast(tf.range(1.0, 4.0), self.dtype)  # no float16 Range kernel
 
             def outer(c, x_t):
                 return tf.foldl(lambda d, k: tf.tanh(d @ w + k * x_t), steps, initializer=c)
