@@ -175,6 +175,19 @@ def test_memgrad_profile_flags_shown_in_the_docs_exist():
     assert not unknown, f"flags not in memgrad-profile --help: {unknown}"
 
 
+def heading_anchors(path):
+    """The anchors GitHub gives a markdown file's headings (lowercase, punctuation dropped)."""
+    with open(path, encoding="utf-8") as handle:
+        text = re.sub(r"```.*?```", "", handle.read(), flags=re.S)
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
 def test_links_between_files_resolve():
     missing = []
     for name in documentation_files():
@@ -182,9 +195,13 @@ def test_links_between_files_resolve():
             text = handle.read()
         text = re.sub(r"```.*?```", "", text, flags=re.S)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
-            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            if re.match(r"^[a-z]+:", target):
                 continue
-            path = os.path.normpath(os.path.join(ROOT, os.path.dirname(name), target.split("#")[0]))
+            file_part, _, anchor = target.partition("#")
+            path = os.path.normpath(os.path.join(ROOT, os.path.dirname(name), file_part)) if file_part \
+                else os.path.join(ROOT, name)
             if not os.path.exists(path):
                 missing.append(f"{name}: {target}")
-    assert not missing, "links to files that do not exist: " + ", ".join(missing)
+            elif anchor and path.endswith(".md") and anchor not in heading_anchors(path):
+                missing.append(f"{name}: {target} (no such heading)")
+    assert not missing, "links that do not resolve: " + ", ".join(missing)
