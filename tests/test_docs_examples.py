@@ -29,17 +29,25 @@ SLOW_TIMEOUT_S = 600
 MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->$")
 KNOWN_MARKERS = {"continued", "slow", "not-run"}
 
-# Puts this checkout first: memgrad from ROOT, the zoo from ROOT/models as memgrad_zoo (an
-# editable install may point at another checkout), then runs the example as __main__.
+# The example's process (and any process it starts: the emulated device's probes) imports
+# memgrad from this checkout (PYTHONPATH, see example_environment); the launcher also imports
+# this checkout's models/ as memgrad_zoo (an editable install may point at another checkout),
+# then runs the example as __main__, its own directory first on sys.path as for a script.
 LAUNCHER = (
     "import runpy, sys\n"
-    "sys.path.insert(0, {root!r})\n"
     "from tests.zoo_checkout import import_zoo_from_this_checkout\n"
     "import_zoo_from_this_checkout()\n"
-    "sys.path.remove({root!r})\n"
-    "sys.path.insert(0, '')\n"
+    "sys.path.insert(0, {directory!r})\n"
     "runpy.run_path({path!r}, run_name='__main__')\n"
+    "imported = sys.modules.get('memgrad')\n"
+    "assert imported is None or imported.__file__.startswith({root!r}), imported.__file__\n"
 )
+
+
+def example_environment():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 def documentation_files():
@@ -105,11 +113,9 @@ def test_python_block_runs(name, code, not_run, slow, tmp_path):
         pytest.skip(f"not run: {not_run}")
     script = tmp_path / "example.py"
     script.write_text(code + "\n", encoding="utf-8")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    env.pop("PYTHONPATH", None)
-    launcher = LAUNCHER.format(root=ROOT, path=str(script))
+    launcher = LAUNCHER.format(directory=str(tmp_path), path=str(script), root=ROOT)
     try:
-        result = subprocess.run([sys.executable, "-c", launcher], cwd=tmp_path, env=env,
+        result = subprocess.run([sys.executable, "-c", launcher], cwd=tmp_path, env=example_environment(),
                                 capture_output=True, text=True,
                                 timeout=SLOW_TIMEOUT_S if slow else TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -150,8 +156,8 @@ def test_fences_name_their_language():
 
 
 def profile_help_flags():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-m", "memgrad_profile", "--help"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "memgrad_profile", "--help"], cwd=ROOT,
+                            env=example_environment(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout))
