@@ -56,10 +56,12 @@ def documentation_files():
     return [name for name in names if os.path.exists(os.path.join(ROOT, name))]
 
 
-def fenced_blocks(name):
-    """[(line, language, code, {marker: reason})] of one file, line numbers 1-based."""
-    with open(os.path.join(ROOT, name), encoding="utf-8") as handle:
-        lines = handle.read().split("\n")
+def fenced_blocks(name, text=None):
+    """[(line, language, code, {marker: reason})] of one file (or of `text`), lines 1-based."""
+    if text is None:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as handle:
+            text = handle.read()
+    lines = text.split("\n")
     blocks, i = [], 0
     while i < len(lines):
         fence = re.match(r"^```\s*([\w+-]*)\s*$", lines[i])
@@ -97,7 +99,7 @@ def python_chains():
         for chain in chains:
             first = chain[0][0]
             code = "\n\n".join(f"# {name}:{line}\n{block}" for line, block, _ in chain)
-            reasons = [markers.get("not-run") for _, _, markers in chain if "not-run" in markers]
+            reasons = [markers["not-run"] or "" for _, _, markers in chain if "not-run" in markers]
             marks = []
             if any("slow" in markers for _, _, markers in chain):
                 marks.append(pytest.mark.slow)
@@ -110,6 +112,8 @@ def python_chains():
 @pytest.mark.parametrize("name, code, not_run, slow", python_chains())
 def test_python_block_runs(name, code, not_run, slow, tmp_path):
     if not_run is not None:
+        if not not_run.strip():
+            pytest.fail(f"{name}: <!-- not-run --> without a reason; write <!-- not-run: why -->")
         pytest.skip(f"not run: {not_run}")
     script = tmp_path / "example.py"
     script.write_text(code + "\n", encoding="utf-8")
@@ -211,3 +215,17 @@ def test_links_between_files_resolve():
             elif anchor and path.endswith(".md") and anchor not in heading_anchors(path):
                 missing.append(f"{name}: {target} (no such heading)")
     assert not missing, "links that do not resolve: " + ", ".join(missing)
+
+
+def test_the_parser_reads_markers_and_languages():
+    text = "\n".join([
+        "```python", "a = 1", "```", "",
+        "<!-- continued -->", "<!-- slow: trains a model -->", "```python", "b = a", "```",
+        "<!-- not-run -->", "", "```bash", "memgrad-profile --top 5", "```",
+        "```text", "output", "```"])
+    blocks = fenced_blocks("example.md", text)
+    assert [(line, language, code) for line, language, code, _ in blocks] == [
+        (1, "python", "a = 1"), (7, "python", "b = a"), (12, "bash", "memgrad-profile --top 5"),
+        (15, "text", "output")]
+    assert blocks[1][3] == {"continued": None, "slow": "trains a model"}
+    assert blocks[2][3] == {"not-run": None}  # a reason is missing: the marker test fails on it
