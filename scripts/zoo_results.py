@@ -1,4 +1,4 @@
-"""The model zoo's README figures, measured: training on the bundled digits and memory sweeps.
+"""The model zoo's figures (docs/zoo.md), measured: training on the bundled digits and memory sweeps.
 
 1. Glow (the seed's Table 1, on digits): the same multi-scale Glow trained with plain backprop
    and with the constant-memory stack, same seed; test bits/dim of each.

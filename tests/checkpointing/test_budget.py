@@ -56,7 +56,7 @@ def test_planner_at_sqrt_spacings_measured_peak_on_uneven_widths(probes):
     """Budget = the peak sqrt(n) spacing measured: less recomputation, measured under it.
 
     Measured: 7.60 vs 8.21 GFLOP, 32.6-33.4 MiB against a 44.0 MiB budget (the default
-    10% margin). The same comparison elsewhere (see the README): the residual chain keeps
+    10% margin). The same comparison elsewhere (see docs/budget.md): the residual chain keeps
     it under budget but recomputes 5% more than sqrt(n) spacing, because the model
     overestimates that chain by 8%; on the tanh chain, overestimated by 11%, sqrt(n)
     spacing's measured peak is below any budget the planner accepts; on dense blocks the

@@ -97,7 +97,7 @@ def enable_checkpointing(model, checkpoints="memory"):
       - XLA: ``jit_compile`` stays as the user set it, in either order of this call and
         `compile` (``'auto'`` included, which Keras resolves to XLA on a GPU). Each
         recomputation is gated on its incoming gradient by a data dependency, which XLA
-        keeps, so the saving holds under XLA (measured on CPU; see the README).
+        keeps, so the saving holds under XLA (measured on CPU; see docs/checkpointing.md).
       - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
         ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
         and their outputs are kept, so the gradients belong to the forward's own random

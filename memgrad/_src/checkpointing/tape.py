@@ -37,7 +37,7 @@ class GradientTape(tf.GradientTape):
       - XLA: under ``jit_compile=True`` each recomputed segment reads its checkpoints
         through a data dependency on its incoming gradient, which XLA keeps (it drops
         control dependencies), so the recomputation runs late and is not merged with the
-        forward ops: the saving holds (measured on CPU's XLA; see the README).
+        forward ops: the saving holds (measured on CPU's XLA; see docs/checkpointing.md).
       - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
         ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
         and their outputs are kept, so the gradients belong to the forward's own random
