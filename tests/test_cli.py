@@ -362,7 +362,8 @@ def test_the_table_marks_times_whose_rounds_differ_by_more_than_ten_percent():
 def test_help_states_the_timed_rounds_the_code_runs():
     text = " ".join(cli.build_parser().format_help().split())
     assert f"the median of {cli.TIMED_ROUNDS} timed rounds ({cli.SLOW_STEP_ROUNDS} when a step " \
-           f"takes over {cli.SLOW_STEP_S:g} s)" in text
+           f"takes over {cli.SLOW_STEP_S:g} s); steps under {cli.FAST_STEP_S:g} s are timed side " \
+           "by side" in text
     import inspect
     assert inspect.signature(cli.time_steps).parameters["rounds"].default == cli.TIMED_ROUNDS
 
@@ -373,3 +374,25 @@ def test_the_plot_draws_the_spread_of_the_timed_rounds(tmp_path):
         row.update(model="m", peak_bytes=row["peak_above_baseline_bytes"], categories=None)
     cli.plot(rows, str(tmp_path / "spread.png"), "spread")
     _assert_png(tmp_path / "spread.png")
+
+
+def test_the_docs_describe_every_option_and_the_timing_the_command_has():
+    """docs/profiler.md and `memgrad-profile --help` agree: every option is documented, and
+    the rounds and thresholds the docs state are the code's."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "profiler.md")
+    with open(path, encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    parser = cli.build_parser()
+    options = [o for action in parser._actions for o in action.option_strings
+               if o.startswith("--") and o != "--help"]
+    assert len(options) >= 10
+    assert [o for o in options if o not in docs] == []
+    assert f"timed side by side with the point's other strategies: {cli.TIMED_ROUNDS} rounds" in docs
+    assert f"Steps faster than {cli.FAST_STEP_S:g} s" in docs
+    assert f"{cli.TIMED_ROUNDS} rounds, {cli.SLOW_STEP_ROUNDS} for steps over {cli.SLOW_STEP_S:g} s" in docs
+    repeats = next(a for a in parser._actions if "--repeats" in a.option_strings)
+    assert f"`--repeats` times (default {repeats.default})" in docs
+    from memgrad.cli.report import NOISY_SPREAD
+
+    assert f"Above {NOISY_SPREAD:.0%}" in docs

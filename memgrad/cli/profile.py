@@ -56,6 +56,7 @@ def _budget(text: str) -> _Budget:
 TIMED_ROUNDS = 7
 SLOW_STEP_ROUNDS = 3
 SLOW_STEP_S = 0.4
+FAST_STEP_S = 0.2  # steps faster than this are timed side by side (rebuilt after profiling)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="profiled steps per point; the one with the highest peak gives the peak, "
                              "the categories and --top (default: 3); the time is the median of "
                              f"{TIMED_ROUNDS} timed rounds ({SLOW_STEP_ROUNDS} when a step takes "
-                             f"over {SLOW_STEP_S:g} s), each running every strategy in turn")
+                             f"over {SLOW_STEP_S:g} s); steps under {FAST_STEP_S:g} s are timed "
+                             "side by side, every strategy in turn in each round")
     parser.add_argument("--device", default=None, help="'CPU:0', 'GPU:0', ... (default: GPU:0 if present)")
     parser.add_argument("--json", metavar="PATH", default="memgrad-profile.json",
                         help="where to write the results (default: memgrad-profile.json)")
@@ -333,8 +335,6 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                     bar.update()
             _time_side_by_side(spec, depth, batch_size, fast)
 
-
-FAST_STEP_S = 0.2  # steps faster than this are timed side by side (rebuilt after profiling)
 
 
 def _time_side_by_side(spec, depth, batch_size, fast):
