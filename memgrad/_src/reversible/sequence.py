@@ -12,7 +12,7 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.recompute import gate
 from memgrad._src.replay import ReplayScope, snapshot
-from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name
+from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name, network_dtype
 from memgrad._src.reversible.monitor import DriftMonitor
 from memgrad._src.reversible.replay import check_replayable
 
@@ -62,8 +62,21 @@ def _as_block(candidate, index):
     )
 
 
+def _networks_dtype(blocks):
+    """The one dtype the networks inside ``blocks`` compute in (`network_dtype`), else ``None``."""
+    dtypes = set()
+    for block in blocks:
+        for child in block._flatten_layers(include_self=False, recursive=False):
+            dtypes.add(network_dtype(child))
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def _stack_dtype(blocks, dtype):
     """The stack's dtype: ``dtype`` if given, else the one its bijectors fix (float64 flows).
+
+    Without ``dtype`` and without such bijectors, a stack whose blocks' networks all compute
+    in float64 (`network_dtype`, e.g. float64 Dense layers in a dtype-less Sequential) is a
+    float64 stack: its input is not rounded to float32 first.
 
     Keras casts a layer's floating-point inputs to its compute dtype, so a float32 stack
     would hand float64 bijectors float32 tensors. A bijector built from float64 tensors
@@ -73,6 +86,8 @@ def _stack_dtype(blocks, dtype):
     pinned = [(index, block, block.required_dtype) for index, block in enumerate(blocks)
               if getattr(block, "required_dtype", None) is not None]
     if not pinned:
+        if dtype is None and _networks_dtype(blocks) == "float64":
+            return "float64"
         return dtype
     described = ", ".join(f"block {index} ({layer_name(block)}) {name}" for index, block, name in pinned)
     if len({name for _, _, name in pinned}) > 1:
@@ -255,13 +270,40 @@ class ReversibleSequence(keras.layers.Layer):
         return (shape, (input_shape[0],)) if self.return_logdet else shape
 
     def compute_output_spec(self, inputs, training=None):
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if dtype == "string" or dtype.startswith("complex"):
+            raise TypeError(
+                f"{layer_name(self)} expects inputs of a floating dtype (it computes in "
+                f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
+                f"inputs of dtype {dtype}"
+            )
         shape = self.compute_output_shape(inputs.shape)
         if self.return_logdet:
             return (keras.KerasTensor(shape[0], dtype=self.compute_dtype),
                     keras.KerasTensor(shape[1], dtype=self.compute_dtype))
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
+    def _floating_input(self, inputs, argument="inputs"):
+        """``inputs`` as a floating tensor: integers and booleans cast to the compute dtype.
+
+        Keras layers cast integer and boolean inputs to their compute dtype; the invertible
+        arithmetic has no meaning for strings or complex numbers, refused by name.
+        """
+        if not tf.is_tensor(inputs):
+            inputs = tf.convert_to_tensor(inputs)
+        dtype = tf.as_dtype(inputs.dtype)
+        if dtype.is_floating:
+            return inputs
+        if dtype.is_integer or dtype == tf.bool:
+            return tf.cast(inputs, self.compute_dtype)
+        raise TypeError(
+            f"{layer_name(self)} expects {argument} of a floating dtype (it computes in "
+            f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
+            f"{argument} of dtype {dtype.name}"
+        )
+
     def call(self, inputs, training=None):
+        inputs = self._floating_input(inputs)
         if self.plain_backprop:
             y, logdet = self._run_plain(inputs, training)
         else:
@@ -278,7 +320,8 @@ class ReversibleSequence(keras.layers.Layer):
         Returns:
           The input that produces ``outputs``.
         """
-        h = tf.cast(tf.convert_to_tensor(outputs, dtype=self.compute_dtype), self.invertible_dtype)
+        outputs = self._floating_input(outputs, "outputs")
+        h = tf.cast(tf.cast(outputs, self.compute_dtype), self.invertible_dtype)
         for block in reversed(self.blocks):
             h = block.inverse(h, training=training)
         return tf.cast(h, self.compute_dtype)
