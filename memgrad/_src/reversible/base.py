@@ -109,6 +109,10 @@ class ReversibleBlock(keras.layers.Layer):
     carry activations wider than the compute dtype. A block without it is run in the
     stack's compute dtype.
 
+    A `ReversibleSequence` checks once, by default, that ``inverse(forward(x))`` gives back
+    ``x`` (its ``verify_inverse`` argument): a wrong inverse would make every gradient
+    wrong. A block can opt out with the class attribute ``inverse_checked = False``.
+
     Example:
       >>> class Scale(ReversibleBlock):
       ...     def forward(self, x, training=None):
@@ -118,6 +122,10 @@ class ReversibleBlock(keras.layers.Layer):
     """
 
     accepts_invertible_dtype = False
+    # Whether ReversibleSequence(verify_inverse=True) checks inverse(forward(x)) == x for this
+    # block on its first differentiable call. A block whose forward changes state that no
+    # Keras stateless scope can discard (a tf_keras layer inside) sets it to False.
+    inverse_checked = True
 
     def forward(self, x, training=None):
         """Maps ``x`` to ``(y, logdet)``, with ``logdet`` of shape ``[batch]``.
