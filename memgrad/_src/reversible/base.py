@@ -58,6 +58,10 @@ def network_dtype(network):
 
     Returns:
       A dtype name such as ``"float32"``.
+
+    Example:
+      >>> network_dtype(keras.Sequential([keras.layers.Dense(2, dtype="float64")]))
+      'float64'
     """
     cached = _NETWORK_DTYPES.get(network)
     if cached is not None:
