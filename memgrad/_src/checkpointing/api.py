@@ -108,13 +108,23 @@ def _as_list(value):
     return [value]
 
 
+def _check_not_none(ys, xs):
+    """tf.gradients' AttributeError for a ``None`` ys, xs or entry of them, with a clear message."""
+    for name, value in (("ys", ys), ("xs", xs)):
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        for i, entry in enumerate(entries):
+            if entry is None:
+                where = name if value is None else f"{name}[{i}]"
+                # tf.gradients raises AttributeError ('NoneType' object has no attribute 'op').
+                raise AttributeError(
+                    f"memgrad.gradients expects {name} to be a tensor or a list of tensors"
+                    f"{' or variables' if name == 'xs' else ''}, like tf.gradients (which "
+                    f"raises AttributeError: 'NoneType' object has no attribute 'op'). "
+                    f"Received: {where}=None"
+                )
+
+
 def _check_inputs(ys, xs, grad_ys):
-    if tf.executing_eagerly():
-        raise RuntimeError(
-            "memgrad.gradients works inside a graph (a tf.function), like tf.gradients. "
-            "Received a call in eager mode: wrap the training step in @tf.function, or use "
-            "memgrad.GradientTape, which falls back to tf.GradientTape when eager."
-        )
     graph = None
     for y in ys:
         if not tf.is_symbolic_tensor(y):
@@ -231,8 +241,12 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
 
     Raises:
       RuntimeError: when called eagerly.
-      ValueError: when a checkpoint is not a forward tensor, or `grad_ys` do not match ys
-        in number, shape or dtype.
+      AttributeError: when ``ys`` or ``xs`` is None or holds None (the error `tf.gradients`
+        raises for them).
+      TypeError: when ys or xs hold something other than graph tensors (or variables, for
+        xs), or ``checkpoints`` is of no accepted kind.
+      ValueError: when a checkpoint is not a forward tensor, ``checkpoints`` is an unknown
+        string, or `grad_ys` do not match ys in number, shape or dtype.
       memgrad.BudgetError: when no plan fits a `Budget`; it states the smallest that does.
 
     Example:
@@ -244,6 +258,14 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
           optimizer.apply_gradients(zip(grads, model.trainable_variables))
       ```
     """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "memgrad.gradients works inside a graph (a tf.function), like tf.gradients. "
+            "Received a call in eager mode: wrap the training step in @tf.function, or use "
+            "memgrad.GradientTape, which falls back to tf.GradientTape when eager."
+        )
+    _check_not_none(ys, xs)
+    as_strategy(checkpoints)  # an unknown strategy fails here, whatever the graph
     ys = _as_list(ys) or []
     xs = _as_list(xs) or []
     grad_ys = _as_list(grad_ys)
@@ -389,11 +411,19 @@ def checkpoint(tensor):
     Returns:
       The same tensor.
 
+    Raises:
+      TypeError: if ``tensor`` is not a `tf.Tensor` (a number, a NumPy array, a variable).
+
     Example:
       ```python
       h = memgrad.checkpoint(block(h))
       ```
     """
+    if not tf.is_tensor(tensor) or hasattr(tensor, "assign"):  # a variable is no forward tensor
+        raise TypeError(
+            "memgrad.checkpoint marks a tensor computed in the forward pass; expected a "
+            f"tf.Tensor. Received: {type(tensor).__name__} {tensor!r}"
+        )
     if tf.is_symbolic_tensor(tensor):
         tensor.graph.add_to_collection(COLLECTION, tensor)
     return tensor

@@ -50,7 +50,8 @@ class BudgetError(ValueError):
     Attributes:
       budget_bytes: the budget asked for, in bytes.
       smallest_feasible_bytes: the smallest budget some plan fits, in bytes.
-      smallest_feasible_fraction: the same as a `Budget` fraction (None for a byte budget).
+      smallest_feasible_fraction: the same as a `Budget` fraction (None for a byte budget,
+        and when it would exceed 1: the message then names the bytes).
       plain_bytes: the predicted peak of plain backprop.
     """
 
@@ -67,6 +68,22 @@ def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0
         asked = f"Budget({fraction!r}) ({format_bytes(budget_bytes)})"
         expected = (f"a fraction of at least {smallest_fraction:g} "
                     f"({format_bytes(smallest_feasible_bytes)})")
+        if smallest_fraction > 1.0:
+            # No fraction can say it (a fractional Budget is at most 1): name the bytes.
+            needed = int(math.ceil(smallest_feasible_bytes))
+            error = BudgetError(
+                f"No checkpoint plan fits a budget of {asked} of activations. Expected a budget "
+                f"of at least {needed} bytes ({format_bytes(smallest_feasible_bytes)}): the "
+                f"smallest predicted peak of any plan ('memory' and the leaner ones){held}. "
+                f"That is more than plain backprop's simulated peak of {int(plain_bytes)} bytes "
+                f"({format_bytes(plain_bytes)}), so no fraction in (0, 1] expresses it: give "
+                f"the budget in bytes, e.g. memgrad.strategies.Budget({needed}). Received: "
+                f"Budget({fraction!r}), {int(budget_bytes)} bytes."
+            )
+            error.budget_bytes = budget_bytes
+            error.smallest_feasible_bytes = smallest_feasible_bytes
+            error.plain_bytes = plain_bytes
+            return error  # smallest_feasible_fraction stays None
     else:
         asked = format_bytes(budget_bytes)
         expected = f"a budget of at least {format_bytes(smallest_feasible_bytes)}"
@@ -340,7 +357,10 @@ class Budget(Strategy):
     `memgrad.record_rewrites()` log.
 
     Raises:
-      TypeError, ValueError: for a limit that is neither bytes nor a fraction in (0, 1].
+      TypeError: for a limit that is neither a number nor a string, a margin that is not a
+        number, or a simulate or scratch that is not a bool.
+      ValueError: for a limit that is not a positive byte size nor a fraction in (0, 1],
+        or a margin outside [0, 1).
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
         in bytes, or as a fraction when the limit was one (simulating: the least simulated
         peak of all candidates, with the margin; that budget is accepted).
@@ -356,7 +376,10 @@ class Budget(Strategy):
     name = "budget"
 
     def __init__(self, limit, margin=0.1, simulate=True, scratch=True):
-        if not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+            raise TypeError(f"Budget margin must be a number in [0, 1). Received: {type(margin).__name__} "
+                            f"{margin!r}")
+        if not 0.0 <= margin < 1.0:
             raise ValueError(f"Budget margin must lie in [0, 1). Received: {margin!r}")
         if not isinstance(simulate, bool):
             raise TypeError(f"Budget simulate must be True or False. Received: {simulate!r}")

@@ -2,10 +2,12 @@
 
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.api import gradients, unconnected_gradients_for
+from memgrad._src.checkpointing.strategies import as_strategy
 
 _warned_eager = []
 
@@ -56,6 +58,11 @@ class GradientTape(tf.GradientTape):
       checkpoints: the strategy: `'memory'`, `'speed'`, `'collection'`, a list of
         tensors, or a `memgrad.strategies.Budget` (see `memgrad.gradients`).
 
+    Raises:
+      ValueError: for an unknown ``checkpoints`` string.
+      TypeError: for a ``checkpoints`` of no accepted kind, or a ``persistent`` or
+        ``watch_accessed_variables`` that is not a bool.
+
     Example:
       ```python
       @tf.function
@@ -68,6 +75,14 @@ class GradientTape(tf.GradientTape):
     """
 
     def __init__(self, persistent=False, watch_accessed_variables=True, checkpoints="memory"):
+        for name, value in (("persistent", persistent),
+                            ("watch_accessed_variables", watch_accessed_variables)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(
+                    f"memgrad.GradientTape {name} must be True or False. Received: "
+                    f"{name}={value!r}"
+                )
+        as_strategy(checkpoints)  # an unknown mode or a wrong type fails here, not at gradient()
         super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed_variables)
         self.checkpoints = checkpoints
 

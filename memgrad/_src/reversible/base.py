@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -27,14 +29,66 @@ def add_gradients(a, b):
     return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
 
 
+_NETWORK_DTYPES = weakref.WeakKeyDictionary()  # network -> network_dtype(network), once built
+_FLOAT_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def _leaf_layers(network):
+    """The layers inside ``network`` (itself included) that hold no layers of their own."""
+    flatten = getattr(network, "_flatten_layers", None)
+    if flatten is None:
+        return [network]
+    return [layer for layer in flatten(include_self=True, recursive=True)
+            if not any(True for _ in layer._flatten_layers(include_self=False, recursive=False))]
+
+
+def network_dtype(network):
+    """The dtype ``network``'s own layers compute in, which its container may not tell.
+
+    A dtype-less container (``keras.Sequential([Dense(..., dtype="float64")])``) reports the
+    global policy's compute dtype (float32), while the layers that do the work compute in
+    float64. This is the widest compute dtype of the innermost layers that hold weights or
+    were given a dtype policy other than the global one (casting an input to it loses nothing: a narrower first layer casts it down itself, as
+    it would outside a reversible block); a network without weighted layers (an activation,
+    a Lambda) falls back to its own compute dtype. Two 16-bit dtypes (float16 and bfloat16)
+    give float32.
+
+    Args:
+      network: a Keras layer or model.
+
+    Returns:
+      A dtype name such as ``"float32"``.
+
+    Example:
+      >>> network_dtype(keras.Sequential([keras.layers.Dense(2, dtype="float64")]))
+      'float64'
+    """
+    cached = _NETWORK_DTYPES.get(network)
+    if cached is not None:
+        return cached
+    default = keras.config.dtype_policy().name
+    dtypes = {layer.compute_dtype for layer in _leaf_layers(network)
+              if layer.compute_dtype in _FLOAT_WIDTH
+              and (layer.weights or layer.dtype_policy.name != default)}
+    if not dtypes:
+        return network.compute_dtype
+    widest = max(_FLOAT_WIDTH[d] for d in dtypes)
+    candidates = sorted(d for d in dtypes if _FLOAT_WIDTH[d] == widest)
+    result = candidates[0] if len(candidates) == 1 else "float32"
+    if network.built:  # its weights are all known once built: cache then only
+        _NETWORK_DTYPES[network] = result
+    return result
+
+
 def run_network(network, h, training=None):
-    """Runs ``network`` in its own compute dtype on ``h`` and returns the result in ``h``'s dtype.
+    """Runs ``network`` in its own layers' dtype on ``h`` and returns the result in ``h``'s dtype.
 
     A `ReversibleSequence` may carry its activations in a wider dtype than its networks
     compute in (float64 around float32 networks, float32 around float16 ones): the networks
-    see their own dtype, the coupling's add, subtract, multiply and divide stay in the wide one.
+    see their own dtype (`network_dtype`: that of the layers inside, not the container's),
+    the coupling's add, subtract, multiply and divide stay in the wide one.
     """
-    return tf.cast(network(tf.cast(h, network.compute_dtype), training=training), h.dtype)
+    return tf.cast(network(tf.cast(h, network_dtype(network)), training=training), h.dtype)
 
 
 def layer_name(layer) -> str:
@@ -59,6 +113,10 @@ class ReversibleBlock(keras.layers.Layer):
     carry activations wider than the compute dtype. A block without it is run in the
     stack's compute dtype.
 
+    A `ReversibleSequence` checks once, by default, that ``inverse(forward(x))`` gives back
+    ``x`` (its ``verify_inverse`` argument): a wrong inverse would make every gradient
+    wrong. A block can opt out with the class attribute ``inverse_checked = False``.
+
     Example:
       >>> class Scale(ReversibleBlock):
       ...     def forward(self, x, training=None):
@@ -68,6 +126,10 @@ class ReversibleBlock(keras.layers.Layer):
     """
 
     accepts_invertible_dtype = False
+    # Whether ReversibleSequence(verify_inverse=True) checks inverse(forward(x)) == x for this
+    # block on its first differentiable call. A block whose forward changes state that no
+    # Keras stateless scope can discard (a tf_keras layer inside) sets it to False.
+    inverse_checked = True
 
     def forward(self, x, training=None):
         """Maps ``x`` to ``(y, logdet)``, with ``logdet`` of shape ``[batch]``.

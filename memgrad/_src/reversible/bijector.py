@@ -159,6 +159,10 @@ class BijectorBlock(ReversibleBlock):
       >>> y, logdet = stack(tf.ones([3, 4]))    # logdet = 4 * log 2 per example
     """
 
+    # tfp's inverses are tfp's; and a tf_keras BatchNormalization inside would update its
+    # moving statistics in ReversibleSequence's inverse check (no Keras scope discards that).
+    inverse_checked = False
+
     def __init__(self, bijector, **kwargs):
         layers, variables = _keras_objects_in(bijector)
         if kwargs.get("dtype") is None:

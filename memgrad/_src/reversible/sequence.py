@@ -12,7 +12,7 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.recompute import gate
 from memgrad._src.replay import ReplayScope, snapshot
-from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name
+from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name, network_dtype
 from memgrad._src.reversible.monitor import DriftMonitor
 from memgrad._src.reversible.replay import check_replayable
 
@@ -62,8 +62,21 @@ def _as_block(candidate, index):
     )
 
 
+def _networks_dtype(blocks):
+    """The one dtype the networks inside ``blocks`` compute in (`network_dtype`), else ``None``."""
+    dtypes = set()
+    for block in blocks:
+        for child in block._flatten_layers(include_self=False, recursive=False):
+            dtypes.add(network_dtype(child))
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def _stack_dtype(blocks, dtype):
     """The stack's dtype: ``dtype`` if given, else the one its bijectors fix (float64 flows).
+
+    Without ``dtype`` and without such bijectors, a stack whose blocks' networks all compute
+    in float64 (`network_dtype`, e.g. float64 Dense layers in a dtype-less Sequential) is a
+    float64 stack: its input is not rounded to float32 first.
 
     Keras casts a layer's floating-point inputs to its compute dtype, so a float32 stack
     would hand float64 bijectors float32 tensors. A bijector built from float64 tensors
@@ -73,6 +86,8 @@ def _stack_dtype(blocks, dtype):
     pinned = [(index, block, block.required_dtype) for index, block in enumerate(blocks)
               if getattr(block, "required_dtype", None) is not None]
     if not pinned:
+        if dtype is None and _networks_dtype(blocks) == "float64":
+            return "float64"
         return dtype
     described = ", ".join(f"block {index} ({layer_name(block)}) {name}" for index, block, name in pinned)
     if len({name for _, _, name in pinned}) > 1:
@@ -134,6 +149,38 @@ def _invertible_dtype(blocks, requested, compute_dtype):
     return name
 
 
+# The relative error ``max|inverse(forward(x)) - x| / max|x|`` a correct block may show, by the
+# dtype of its invertible arithmetic. Measured on memgrad's blocks (couplings, ActNorm, 1x1
+# convolution, Squeeze), 4 blocks of each kind at random weights: at most 1.4e-3 in float16,
+# 7.6e-3 in bfloat16, 3.1e-7 in float32, 8.7e-16 in float64; a wrong inverse shows order 1.
+_VERIFY_TOLERANCES = {"float16": 5e-2, "bfloat16": 1e-1, "float32": 1e-3, "float64": 1e-8}
+# The batch of the synthetic input the check draws when it runs at tracing time.
+_VERIFY_BATCH = 2
+
+
+def _positive_number(name, value, allow_bool=False):
+    """``value`` as a positive finite float, or a ValueError naming ``name``."""
+    valid = (isinstance(value, (int, float)) and (allow_bool or not isinstance(value, bool))
+             and math.isfinite(float(value)) and float(value) > 0)
+    if not valid:
+        raise ValueError(
+            f"ReversibleSequence {name} must be a positive, finite number. Received: "
+            f"{name}={value!r}"
+        )
+    return float(value)
+
+
+def _relative_error(rebuilt, original):
+    """``max|rebuilt - original| / max|original|`` as a Python float (NaN if either is not finite)."""
+    original = tf.cast(original, tf.float64)
+    error = tf.reduce_max(tf.abs(tf.cast(rebuilt, tf.float64) - original))
+    scale = tf.reduce_max(tf.abs(original))
+    error, scale = float(error), float(scale)
+    if not (math.isfinite(error) and math.isfinite(scale)):
+        return float("nan")
+    return error / scale if scale > 0 else error
+
+
 @keras.saving.register_keras_serializable(package="memgrad")
 class ReversibleSequence(keras.layers.Layer):
     """A stack of reversible blocks whose activation memory does not grow with depth.
@@ -173,6 +220,33 @@ class ReversibleSequence(keras.layers.Layer):
       drift_monitor: a `DriftMonitor` (or ``True`` for ``DriftMonitor()``, one step in 100)
         that measures every block's reconstruction drift on some training steps, reports
         it per block and warns on NaN/inf or drift above its tolerance; ``None``: off.
+      verify_inverse: check once that every block's `inverse` undoes its `forward` (the
+        backward pass trusts it: a wrong inverse gives wrong gradients, silently). On the
+        first call that could be differentiated (under a ``GradientTape``, eager or traced,
+        e.g. the first step of ``fit``), and again on the first such call after weights are
+        loaded (``load_weights``, ``keras.saving.load_model``), each block runs
+        ``forward`` then ``inverse`` in inference mode (``training=False``: no dropout, no
+        statistics updated; every assignment, ActNorm's data initialisation included, is
+        discarded), and a relative error ``max|inverse(forward(x)) - x| / max|x|`` above
+        the tolerance raises a ``ValueError`` naming the block. ``True`` (default): the
+        tolerance by the dtype of the invertible arithmetic (float16 5e-2, bfloat16 1e-1,
+        float32 1e-3, float64 1e-8; memgrad's blocks, 4 of each kind at random weights,
+        show at most 1.4e-3, 7.6e-3, 3.1e-7 and 8.7e-16); a positive number: that tolerance; ``False``: no check. Eagerly the
+        check runs on the call's own input; when the first such call is traced into a
+        ``tf.function`` (``fit``), it runs at tracing time, outside the graph, on a
+        standard-normal input of the traced shape with batch 2, and is put off to the next
+        call (eager or traced) when a non-batch dimension is unknown or when the stack was
+        built in that same trace (its variables hold no value until the function runs). Blocks whose
+        activations are not finite end the check without a verdict. Blocks with
+        ``inverse_checked = False`` (`BijectorBlock`: tfp's inverses, and a training-mode
+        tfp BatchNormalization updates its statistics on every forward) are skipped.
+        Not run with
+        ``plain_backprop=True``, which never inverts. Cost: one forward and one inverse of
+        the stack, once. Measured on a shared 2-core CPU, 8 additive blocks of 3x3
+        convolutions on a [32, 16, 16, 32] batch: the check takes 0.24 s of the first eager
+        step (0.7-1.2 s with it, 0.4-0.9 s without), 0.12-0.16 s of the first
+        ``tf.function`` step (traced: 1.1-1.3 s either way), and nothing afterwards (later
+        steps 0.22-0.32 s eager, 0.06 s traced, with or without it).
       **kwargs: Keras layer arguments. Without ``dtype``, a stack whose tfp
         bijectors fix a dtype (built from float64 tensors, say) takes theirs.
 
@@ -183,6 +257,10 @@ class ReversibleSequence(keras.layers.Layer):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
 
     Raises (when called):
+      ValueError: with ``verify_inverse`` on, on the first call under a ``GradientTape``
+        (and the first after weights are loaded), if a block's ``inverse(forward(x))``
+        differs from ``x`` by more than the tolerance; the message names the block and
+        the measured error.
       ValueError: on the first call per training mode under a ``GradientTape``
         (eager or traced), if a block's forward pass draws random numbers the
         backward recomputation would draw differently: a stateful random op
@@ -206,7 +284,7 @@ class ReversibleSequence(keras.layers.Layer):
 
     def __init__(self, blocks, return_logdet=False, check_reconstruction=False,
                  reconstruction_tolerance=1e-3, plain_backprop=False, invertible_dtype="auto",
-                 drift_monitor=None, **kwargs):
+                 drift_monitor=None, verify_inverse=True, **kwargs):
         if isinstance(blocks, (ReversibleBlock, keras.layers.Layer)) or not hasattr(blocks, "__iter__"):
             raise ValueError(
                 f"ReversibleSequence expects a list of blocks. Received: {blocks!r}"
@@ -220,7 +298,12 @@ class ReversibleSequence(keras.layers.Layer):
         self.blocks = blocks
         self.return_logdet = bool(return_logdet)
         self.check_reconstruction = bool(check_reconstruction)
-        self.reconstruction_tolerance = float(reconstruction_tolerance)
+        self.reconstruction_tolerance = _positive_number("reconstruction_tolerance",
+                                                         reconstruction_tolerance)
+        if not isinstance(verify_inverse, bool):
+            verify_inverse = _positive_number("verify_inverse", verify_inverse)
+        self.verify_inverse = verify_inverse
+        self._inverse_verified = False
         self.plain_backprop = bool(plain_backprop)
         self.invertible_dtype = _invertible_dtype(blocks, invertible_dtype, self.compute_dtype)
         # What get_config saves: "auto" follows the compute dtype of the stack it is loaded into.
@@ -255,13 +338,40 @@ class ReversibleSequence(keras.layers.Layer):
         return (shape, (input_shape[0],)) if self.return_logdet else shape
 
     def compute_output_spec(self, inputs, training=None):
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if dtype == "string" or dtype.startswith("complex"):
+            raise TypeError(
+                f"{layer_name(self)} expects inputs of a floating dtype (it computes in "
+                f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
+                f"inputs of dtype {dtype}"
+            )
         shape = self.compute_output_shape(inputs.shape)
         if self.return_logdet:
             return (keras.KerasTensor(shape[0], dtype=self.compute_dtype),
                     keras.KerasTensor(shape[1], dtype=self.compute_dtype))
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
+    def _floating_input(self, inputs, argument="inputs"):
+        """``inputs`` as a floating tensor: integers and booleans cast to the compute dtype.
+
+        Keras layers cast integer and boolean inputs to their compute dtype; the invertible
+        arithmetic has no meaning for strings or complex numbers, refused by name.
+        """
+        if not tf.is_tensor(inputs):
+            inputs = tf.convert_to_tensor(inputs)
+        dtype = tf.as_dtype(inputs.dtype)
+        if dtype.is_floating:
+            return inputs
+        if dtype.is_integer or dtype == tf.bool:
+            return tf.cast(inputs, self.compute_dtype)
+        raise TypeError(
+            f"{layer_name(self)} expects {argument} of a floating dtype (it computes in "
+            f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
+            f"{argument} of dtype {dtype.name}"
+        )
+
     def call(self, inputs, training=None):
+        inputs = self._floating_input(inputs)
         if self.plain_backprop:
             y, logdet = self._run_plain(inputs, training)
         else:
@@ -278,7 +388,8 @@ class ReversibleSequence(keras.layers.Layer):
         Returns:
           The input that produces ``outputs``.
         """
-        h = tf.cast(tf.convert_to_tensor(outputs, dtype=self.compute_dtype), self.invertible_dtype)
+        outputs = self._floating_input(outputs, "outputs")
+        h = tf.cast(tf.cast(outputs, self.compute_dtype), self.invertible_dtype)
         for block in reversed(self.blocks):
             h = block.inverse(h, training=training)
         return tf.cast(h, self.compute_dtype)
@@ -290,6 +401,74 @@ class ReversibleSequence(keras.layers.Layer):
             h, block_logdet = block.forward(h, training=training)
             logdet = logdet + tf.cast(block_logdet, logdet.dtype)
         return tf.cast(h, x.dtype), tf.cast(logdet, x.dtype)
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        self._inverse_verified = False  # loaded weights: check the inverses again
+
+    def _variables_initialized(self):
+        """Eagerly: whether every variable has a value (not so while the trace that built it runs)."""
+        for variable in self.variables:
+            inner = tf_internals.backend_variable(variable)
+            check = getattr(inner, "is_initialized", None)
+            if check is not None and not bool(check()):
+                return False
+        return True
+
+    def _verify_inverses(self, x):
+        """`verify_inverse`'s check: raises if a block's inverse does not undo its forward."""
+        if tf.executing_eagerly():
+            h = tf.cast(x, self.invertible_dtype)
+        else:  # traced: eager values are unavailable; check outside the graph on a drawn input
+            shape = x.shape
+            if shape.rank is None or any(d is None for d in shape[1:]):
+                return  # tried again on the next trace
+            batch = _VERIFY_BATCH if shape[0] is None else shape[0]
+            with tf.init_scope():
+                if not self._variables_initialized():
+                    return  # built in this trace: its variables hold values once it runs
+                h = tf.random.stateless_normal([batch] + list(shape[1:]), seed=[4, 2],
+                                               dtype=self.invertible_dtype)
+        with tf.init_scope(), tf_internals.stop_recording():
+            for index, block in enumerate(self.blocks):
+                if not getattr(block, "inverse_checked", True):
+                    # Not checked, nor run (its forward may change state no scope discards):
+                    # the next block is checked on a drawn input of the right shape.
+                    shape = [d if d is not None else _VERIFY_BATCH
+                             for d in block.compute_output_shape(tuple(h.shape))]
+                    h = tf.random.stateless_normal(shape, seed=[4, index], dtype=h.dtype)
+                    continue
+                tolerance = (self.verify_inverse if self.verify_inverse is not True
+                             else _VERIFY_TOLERANCES.get(tf.as_dtype(h.dtype).name, 1e-3))
+                # As in the backward pass: the inverse sees the forward-time values of the
+                # block's replayed state (seeds, statistics) and its other variables as the
+                # forward left them (ActNorm's data initialisation). Every assignment is
+                # discarded with the scopes.
+                state = snapshot(block.replayed_state())
+                with ReplayScope(state) as forward_scope:
+                    y, _ = block.forward(h, training=False)
+                replayed = {id(v) for v, _ in state}
+                assigned = forward_scope.state_mapping
+                state += [(v, assigned[id(v)]) for v in block.variables
+                          if id(v) in assigned and id(v) not in replayed]
+                with ReplayScope(state):
+                    rebuilt = block.inverse(y, training=False)
+                error = _relative_error(rebuilt, h)
+                if not math.isfinite(error):
+                    break  # activations overflowed or the input holds NaN/inf: no verdict
+                if error > tolerance:
+                    raise ValueError(
+                        f"{layer_name(block)} (block {index} of {layer_name(self)}) does not "
+                        f"invert its forward pass: inverse(forward(x)) differs from x by a "
+                        f"relative error of {error:.3g}, above the tolerance {tolerance:g} for "
+                        f"{tf.as_dtype(h.dtype).name}. The backward pass rebuilds every block's "
+                        "input with its inverse, so the gradients would be wrong. Fix the "
+                        "block's inverse; if its error is expected, pass a larger tolerance "
+                        "(ReversibleSequence(..., verify_inverse=1e-2)) or turn the check off "
+                        f"with verify_inverse=False. Received: relative error {error:.3g}"
+                    )
+                h = y
+        self._inverse_verified = True
 
     def _run(self, x, training):
         blocks = self.blocks
@@ -368,6 +547,11 @@ class ReversibleSequence(keras.layers.Layer):
             for index, spec in enumerate(block_inputs):
                 check_replayable(self, index, spec, training)
             self._replay_checked.add(mode)
+        # After the replay check: randomness the recomputation cannot replay is named as such,
+        # not as a wrong inverse.
+        if (self.verify_inverse is not False and not self._inverse_verified
+                and tf_internals.could_possibly_record()):
+            self._verify_inverses(x)
         return outputs
 
     def _report_drift(self, rebuilt, original, gradient):
@@ -417,6 +601,7 @@ class ReversibleSequence(keras.layers.Layer):
             plain_backprop=self.plain_backprop,
             invertible_dtype=self._invertible_dtype_config,
             drift_monitor=None if self.drift_monitor is None else self.drift_monitor.get_config(),
+            verify_inverse=self.verify_inverse,
         )
         return config
 
