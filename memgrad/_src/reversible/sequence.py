@@ -248,15 +248,22 @@ class ReversibleSequence(keras.layers.Layer):
         ``tf.function`` step (traced: 1.1-1.3 s either way), and nothing afterwards (later
         steps 0.22-0.32 s eager, 0.06 s traced, with or without it).
       **kwargs: Keras layer arguments. Without ``dtype``, a stack whose tfp
-        bijectors fix a dtype (built from float64 tensors, say) takes theirs.
+        bijectors fix a dtype (built from float64 tensors, say) takes theirs, and a stack
+        whose blocks' networks all compute in float64 (their innermost layers', even inside
+        a dtype-less ``keras.Sequential``) is a float64 stack. Each coupling's networks
+        compute in their own layers' dtype, not their container's.
 
     Raises:
-      ValueError: if the tfp bijectors fix different dtypes, or one other than ``dtype``.
+      ValueError: if the tfp bijectors fix different dtypes, or one other than ``dtype``;
+        if ``reconstruction_tolerance`` (or a numeric ``verify_inverse``) is not a positive,
+        finite number.
 
     Returns (when called):
       ``y``, or ``(y, logdet)`` with ``return_logdet=True``.
 
     Raises (when called):
+      TypeError: for inputs that are neither floating, integer nor bool (strings, complex
+        numbers); integer and bool inputs are cast to the compute dtype, as Keras layers do.
       ValueError: with ``verify_inverse`` on, on the first call under a ``GradientTape``
         (and the first after weights are loaded), if a block's ``inverse(forward(x))``
         differs from ``x`` by more than the tolerance; the message names the block and
