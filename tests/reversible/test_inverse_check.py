@@ -209,3 +209,24 @@ def test_the_check_discards_every_assignment():
     assert checked._inverse_verified
     for a, b in zip(checked.weights, unchecked.weights):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class _OutputOnly(ReversibleBlock):
+    """A user block that forgets the log-determinant."""
+
+    def forward(self, x, training=None):
+        return x + 1.0
+
+    def inverse(self, y, training=None):
+        return y - 1.0
+
+
+@pytest.mark.parametrize("options", [dict(), dict(verify_inverse=False), dict(plain_backprop=True)])
+def test_a_forward_without_its_logdet_is_a_clear_type_error(options):
+    stack = ReversibleSequence([_OutputOnly(name="output_only")], **options)
+    x = tf.ones([2, 4])
+    with pytest.raises(TypeError, match=r"_OutputOnly 'output_only'\.forward must return "
+                                        r"\(y, logdet\).*Received: EagerTensor of shape \(2, 4\)"):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            stack(x)

@@ -95,6 +95,23 @@ def layer_name(layer) -> str:
     return f"{type(layer).__name__} '{getattr(layer, 'name', '?')}'"
 
 
+def forward_output(block, result):
+    """``(y, logdet)`` of a block's `forward`, or a TypeError naming the block.
+
+    A `forward` returning only ``y`` would otherwise be unpacked along the batch and fail
+    deep inside TensorFlow.
+    """
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return result
+    received = (f"{type(result).__name__} of {len(result)} items"
+                if isinstance(result, (tuple, list)) else
+                f"{type(result).__name__} of shape {getattr(result, 'shape', '?')}")
+    raise TypeError(
+        f"{layer_name(block)}.forward must return (y, logdet): the block's output and the log "
+        f"of its Jacobian determinant per example, shape [batch] (zeros for a volume-preserving "
+        f"block). Received: {received}")
+
+
 @keras.saving.register_keras_serializable(package="memgrad")
 class ReversibleBlock(keras.layers.Layer):
     """Base class of the blocks a `ReversibleSequence` runs.
@@ -166,7 +183,7 @@ class ReversibleBlock(keras.layers.Layer):
         Returns:
           ``(y, logdet, saved)``; ``saved`` is ``None`` when there is nothing to keep.
         """
-        y, logdet = self.forward(x, training=training)
+        y, logdet = forward_output(self, self.forward(x, training=training))
         return y, logdet, None
 
     def backward(self, y, dy, dlogdet, variables, training=None):
@@ -189,7 +206,7 @@ class ReversibleBlock(keras.layers.Layer):
         x = tf.stop_gradient(self.inverse(y, training=training))
         with tf.GradientTape() as tape:
             tape.watch(x)
-            y_again, logdet = self.forward(x, training=training)
+            y_again, logdet = forward_output(self, self.forward(x, training=training))
         grads = tape.gradient([y_again, logdet], [x] + list(variables), output_gradients=[dy, dlogdet])
         return x, grads[0], grads[1:]
 

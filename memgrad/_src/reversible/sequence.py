@@ -12,7 +12,9 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.recompute import gate
 from memgrad._src.replay import ReplayScope, snapshot
-from memgrad._src.reversible.base import ReversibleBlock, add_gradients, layer_name, network_dtype
+from memgrad._src.reversible.base import (
+    ReversibleBlock, add_gradients, forward_output, layer_name, network_dtype,
+)
 from memgrad._src.reversible.monitor import DriftMonitor
 from memgrad._src.reversible.replay import check_replayable
 
@@ -405,7 +407,7 @@ class ReversibleSequence(keras.layers.Layer):
         h = tf.cast(x, self.invertible_dtype)
         logdet = tf.zeros(tf.shape(x)[:1], dtype=h.dtype)
         for block in self.blocks:
-            h, block_logdet = block.forward(h, training=training)
+            h, block_logdet = forward_output(block, block.forward(h, training=training))
             logdet = logdet + tf.cast(block_logdet, logdet.dtype)
         return tf.cast(h, x.dtype), tf.cast(logdet, x.dtype)
 
@@ -453,7 +455,7 @@ class ReversibleSequence(keras.layers.Layer):
                 # discarded with the scopes.
                 state = snapshot(block.replayed_state())
                 with ReplayScope(state) as forward_scope:
-                    y, _ = block.forward(h, training=False)
+                    y, _ = forward_output(block, block.forward(h, training=False))
                 replayed = {id(v) for v, _ in state}
                 assigned = forward_scope.state_mapping
                 state += [(v, assigned[id(v)]) for v in block.variables
