@@ -349,11 +349,7 @@ class ReversibleSequence(keras.layers.Layer):
     def compute_output_spec(self, inputs, training=None):
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if dtype == "string" or dtype.startswith("complex"):
-            raise TypeError(
-                f"{layer_name(self)} expects inputs of a floating dtype (it computes in "
-                f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
-                f"inputs of dtype {dtype}"
-            )
+            raise self._dtype_error("inputs", dtype)
         shape = self.compute_output_shape(inputs.shape)
         if self.return_logdet:
             return (keras.KerasTensor(shape[0], dtype=self.compute_dtype),
@@ -373,10 +369,14 @@ class ReversibleSequence(keras.layers.Layer):
             return inputs
         if dtype.is_integer or dtype == tf.bool:
             return tf.cast(inputs, self.compute_dtype)
-        raise TypeError(
+        raise self._dtype_error(argument, dtype.name)
+
+    def _dtype_error(self, argument, dtype):
+        """The TypeError for ``argument`` of a dtype the stack cannot compute with."""
+        return TypeError(
             f"{layer_name(self)} expects {argument} of a floating dtype (it computes in "
             f"{self.compute_dtype}; integer and bool inputs are cast to it). Received: "
-            f"{argument} of dtype {dtype.name}"
+            f"{argument} of dtype {dtype}"
         )
 
     def call(self, inputs, training=None):
