@@ -18,6 +18,11 @@ TABLE_LEGEND = (
 NOISY_SPREAD = 0.10
 
 
+def _noisy(row) -> bool:
+    """Whether a row's timed rounds differ by more than `NOISY_SPREAD`."""
+    return (row.get("time_spread") or 0.0) > NOISY_SPREAD
+
+
 def format_table(rows) -> str:
     """Renders sweep rows as a fixed-width text table, with what each column means and a note
     when the timed rounds of a point differ by more than 10%."""
@@ -34,7 +39,7 @@ def format_table(rows) -> str:
         overhead = "" if row["time_overhead"] is None else f"{row['time_overhead']:.2f}x"
         spread = row.get("time_spread")
         shown = "" if spread is None else f"{spread:.0%}"
-        if spread is not None and spread > NOISY_SPREAD:
+        if _noisy(row):
             noisy.append(row)
             shown += "*"
         lines.append(
@@ -140,7 +145,7 @@ def plot(rows, path, title) -> None:
     left.set_title("peak memory of a training step (above weights)")
     left.set_ylabel("MiB")
     right.set_title("time per step vs plain backprop (bars: spread of the timed rounds)")
-    noisy = [r for r in rows if (r.get("time_spread") or 0.0) > NOISY_SPREAD]
+    noisy = [r for r in rows if _noisy(r)]
     if noisy:
         right.text(0.01, 0.01, f"{len(noisy)} of {len(rows)} points: timed rounds differ by more "
                    f"than {NOISY_SPREAD:.0%}; the machine was busy", transform=right.transAxes,
