@@ -7,7 +7,8 @@ grows with the number of steps T. Inside `memgrad.gradients` a loop's gradient i
 `LoopGradients` instead, in one of three ways, recorded per loop as a `LoopRecord`:
 
 - ``'segments'``: the forward loop keeps only its carried state (the loop variables that
-  change) at the start of every k-th step, k about sqrt(T). The backward pass is a loop over
+  change) at the start of every k-th step, k about sqrt(T) (shorter where the state is
+  small beside one step's intermediates, see `_segment_length`). The backward pass is a loop over
   the segments, last first: each replays its k steps from the kept state (a copy of the loop,
   cut to those steps) and differentiates the replay with TensorFlow's own loop gradient. It
   holds about T/k states plus one segment's intermediates, O(sqrt T), for one more forward
@@ -186,19 +187,68 @@ def _steps_estimate(op):
     return max(lengths) if lengths else 1024
 
 
-def _segment_length(steps):
-    """k = ceil(sqrt(steps)): about as many kept states as steps per segment."""
-    return max(1, math.isqrt(max(steps - 1, 0)) + 1)
+def _segment_length(steps, state_bytes=0, step_bytes=0):
+    """Steps per segment: the k minimising the kept states (steps / k of ``state_bytes``)
+    plus one replayed segment's intermediates (k of ``step_bytes``), k = sqrt(steps *
+    state_bytes / step_bytes). A loop whose state is small beside what one step keeps for its
+    gradient (an RNN: h and c against every gate) gets shorter segments; k stays at least
+    half of sqrt(steps), since every segment costs a loop launch in the backward. Without
+    sizes, k = ceil(sqrt(steps))."""
+    root = math.isqrt(max(steps - 1, 0)) + 1
+    if state_bytes <= 0 or step_bytes <= 0:
+        return max(1, root)
+    best = round(math.sqrt(steps * state_bytes / step_bytes))
+    return max(1, min(steps, max(best, (root + 1) // 2)))
 
 
-def _dividing_segment_length(steps):
-    """The divisor k of ``steps`` that minimises kept states plus steps per segment
-    (steps / k + k), or None when that is over twice what sqrt(steps) would give."""
-    best = min((d for d in range(1, steps + 1) if steps % d == 0),
-               key=lambda d: (steps // d + d, d))
-    if steps // best + best > 2 * (2 * math.isqrt(steps) + 1):
+def _dividing_segment_length(steps, state_bytes=0, step_bytes=0):
+    """The divisor of ``steps`` nearest (in the memory it keeps) to `_segment_length`'s
+    choice, or None when no divisor keeps under twice what that choice keeps."""
+    target = _segment_length(steps, state_bytes, step_bytes)
+    state, step = (state_bytes, step_bytes) if state_bytes > 0 and step_bytes > 0 else (1, 1)
+
+    def kept(k):
+        return steps / k * state + k * step
+
+    shortest = (math.isqrt(max(steps - 1, 0)) + 2) // 2 if state_bytes > 0 else 1
+    divisors = [d for d in range(max(1, shortest), steps + 1) if steps % d == 0]
+    best = min(divisors, key=lambda d: (kept(d), d))
+    if kept(best) > 2 * kept(target):
         return None
     return best
+
+
+def _static_bytes(tensors):
+    """Bytes of the tensors whose shapes are fully known; None if any is not."""
+    total = 0
+    for t in tensors:
+        if t.dtype == tf.variant or t.dtype == tf.resource:
+            continue
+        if not t.shape.is_fully_defined():
+            return None
+        total += t.shape.num_elements() * t.dtype.size
+    return total
+
+
+_NOT_KEPT_PER_STEP = frozenset({
+    "Const", "Identity", "Placeholder", "NoOp", "Shape", "Size", "Rank", "StopGradient",
+    "TensorListGetItem", "TensorListSetItem", "TensorListPushBack", "TensorListPopBack",
+    "TensorListElementShape", "TensorListLength"})
+
+
+def _sizes(body, kinds):
+    """``(state_bytes, step_bytes)``: the loop's carried state and the outputs of one step's
+    ops (what its gradient may keep per step), 0 where a shape is not static."""
+    state = _static_bytes(body.inputs[i] for i, kind in enumerate(kinds) if kind == "state")
+    step = 0
+    for o in body.get_operations():
+        if o.type in _NOT_KEPT_PER_STEP:
+            continue
+        size = _static_bytes(t for t in o.outputs if t.dtype.is_floating)
+        if size is None:
+            return 0, 0
+        step += size
+    return state or 0, step
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -358,16 +408,17 @@ class LoopGradients:
             bound = None
         if bound is not None and bound < MIN_SEGMENTED_STEPS:
             return "replay", 0, f"it runs at most {bound} steps"
+        sizes = _sizes(body, kinds)
         if not self.xla:
-            return "segments", _segment_length(bound or _steps_estimate(op)), ""
+            return "segments", _segment_length(bound or _steps_estimate(op), *sizes), ""
         # XLA sizes every list at compile time: each segment replays a fixed k steps (its
         # own condition stops it where the forward stopped), so k must divide the bound.
         if bound is None:
             return "replay", 0, "under XLA, segments need a static bound on its steps"
-        length = _dividing_segment_length(bound)
+        length = _dividing_segment_length(bound, *sizes)
         if length is None:
             return "replay", 0, (f"under XLA, segments need a segment length dividing its "
-                                 f"{bound} steps near sqrt({bound})")
+                                 f"{bound} steps near the best length")
         return "segments", length, ""
 
     # ------------------------------------------------------------------ replay
