@@ -297,7 +297,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     plan = choose(view, strategy)
     loops = any(op.type in LOOP_TYPES for op in view.ops)
     if not plan.tensors and not (loops and plan.loops == "segments"):
-        if plan.mode != "budget":  # a budget plain backprop fits needs nothing kept
+        # A budget plain backprop fits needs nothing kept; 'speed' found plain's own set.
+        if plan.mode != "budget" and not plan.details.get("same_as_plain"):
             warnings.warn(
                 f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
                 f"in a graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",

@@ -27,6 +27,9 @@ from memgrad._src.graph.separators import cut_profile, single_tensor_separators
 from memgrad._src.graph.view import EXPENSIVE_TYPES
 
 COLLECTION = "checkpoints"
+# 'speed' runs plain backprop when its plan would free less than this share of what plain
+# backprop keeps for the backward pass.
+SPEED_MIN_SAVING = 0.05
 MODES = ("memory", "speed", "collection")
 
 
@@ -188,25 +191,91 @@ def _plan_from_tensors(view, mode, tensors, absorb=True):
 
 
 def speed_plan(view):
-    """Keep the inputs and outputs of expensive ops (MatMul, BatchMatMul, Conv*, Einsum).
+    """Keep what no expensive op (MatMul, BatchMatMul, Conv*, Einsum) has to run again for,
+    and never more than plain backprop keeps.
 
-    Their gradients are then taken on the original ops, so no expensive op is run twice;
-    only the cheap ops between them (bias, normalisation, activations, residual sums) are
-    recomputed.
+    The inputs of expensive ops that their gradients read are kept (plain backprop keeps
+    them too), so every expensive op's gradient runs on the original op. An expensive op's
+    output is kept only when it is itself read by a gradient, or when it is smaller than the
+    tensors plain backprop would keep in the cheap ops it feeds (its "cheap region": bias,
+    normalisation, activations, residual sums, up to the next expensive op): then the region
+    is recomputed from it. Otherwise the region's saved tensors are kept as plain backprop
+    keeps them, and nothing is recomputed there. When that keeps everything plain backprop
+    keeps, the plan is empty and plain `tf.gradients` runs (no rewrite, no warning). A bias and ReLU after a matrix product keep
+    nothing new (ReLU's output is the next product's input); a GELU's intermediates are
+    recomputed from the product's output.
     """
+    saved = _gradient_read(view)
     chosen = {}
-    for op in view.activation_ops:
-        if op.type in EXPENSIVE_TYPES:
-            for t in op.inputs:
-                if view.is_activation(t) and t.dtype.is_floating:
-                    chosen.setdefault(t.ref(), t)
-            for t in view.activation_outputs(op):
+    expensive = [op for op in view.activation_ops if op.type in EXPENSIVE_TYPES]
+    for op in expensive:
+        for t in op.inputs:
+            if view.is_activation(t) and t.dtype.is_floating and t.ref() in saved:
                 chosen.setdefault(t.ref(), t)
+    for op in expensive:
+        for t in view.activation_outputs(op):
+            if t.ref() in chosen:
+                continue
+            if t.ref() in saved:
+                chosen[t.ref()] = t
+                continue
+            region = _cheap_region_saved(view, t, saved, chosen)
+            if sum(view.tensor_bytes(r) for r in region) > view.tensor_bytes(t):
+                chosen[t.ref()] = t
+            else:
+                for r in region:
+                    chosen.setdefault(r.ref(), r)
+    plan_tensors = list(chosen.values())
+    saved_bytes = sum(view.tensor_bytes(ref.deref()) for ref in saved)
+    freed = sum(view.tensor_bytes(ref.deref()) for ref in saved if ref not in chosen)
+    added = sum(view.tensor_bytes(t) for ref, t in chosen.items() if ref not in saved)
+    if freed - added < SPEED_MIN_SAVING * saved_bytes:
+        # Nearly everything plain backprop keeps would be kept: the rewrite's own
+        # bookkeeping would cost about what it saves.
+        plan_tensors = []
     # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
     # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
-    plan = _plan_from_tensors(view, "speed", list(chosen.values()), absorb=False)
+    plan = _plan_from_tensors(view, "speed", plan_tensors, absorb=False)
     plan.loops = "kept"  # a loop's steps are not recomputed either
+    if not plan_tensors:
+        plan.details["same_as_plain"] = True
     return plan
+
+
+def _gradient_read(view):
+    """Refs of the activation tensors some forward op's gradient reads (what plain backprop
+    keeps for the backward pass)."""
+    from memgrad._src.graph.memory_model import gradient_reads
+
+    read = set()
+    for op in view.activation_ops:
+        ins, outs = gradient_reads(op)
+        for i in ins:
+            if view.is_activation(op.inputs[i]):
+                read.add(op.inputs[i].ref())
+        for j in outs:
+            read.add(op.outputs[j].ref())
+    return read
+
+
+def _cheap_region_saved(view, tensor, saved, kept):
+    """The tensors gradients read among those computed from ``tensor`` by cheap forward ops
+    (up to expensive ops and kept tensors), not already kept."""
+    found, seen, stack = {}, set(), [tensor]
+    while stack:
+        t = stack.pop()
+        for consumer in t.consumers():
+            if (consumer in seen or consumer.type in EXPENSIVE_TYPES
+                    or not view.is_activation_op(consumer)):
+                continue
+            seen.add(consumer)
+            for out in consumer.outputs:
+                if out.ref() in kept or view.is_interior(out) or not out.dtype.is_floating:
+                    continue
+                if out.ref() in saved:
+                    found.setdefault(out.ref(), out)
+                stack.append(out)
+    return list(found.values())
 
 
 def collection_plan(view, collection=COLLECTION):

@@ -270,6 +270,10 @@ class ForwardGraph:
         """True for tensors produced by forward ops that carry data, not parameters."""
         return tensor.op in self._activation_set
 
+    def is_activation_op(self, op):
+        """True for forward ops that carry data (not parameter reads or their casts)."""
+        return op in self._activation_set
+
     def recomputable(self, op):
         """True if running `op` a second time gives the same outputs and costs no state.
 
