@@ -83,7 +83,7 @@ def summarize(results, seed, elapsed, loops=False, dtypes=False):
                      + "  ".join(f"{v:.2e}" for v in qs) + f"  {max(every):.2e}")
     strategies = sorted({s for s, _ in statuses})
     kinds = ("ok", "wrong", "crash", "fallback", "noise", "budget_plain", "budget_error",
-             "cut_plain")
+             "cut_plain", "speed_plain")
     lines.append("outcomes: " + "  ".join(
         f"{kind}={sum(statuses[(s, kind)] for s in strategies)}" for kind in kinds)
         + f"  (BudgetError then retried at the smallest feasible budget: {budget_errors})")

@@ -489,6 +489,8 @@ class Outcome:
     (memgrad raised, or the traced function failed), `fallback` (plain tf.gradients ran,
     or fewer than two segments: the rewrite was not tested), `budget_error` (no plan fits
     the budget; legitimate), `budget_plain` (plain backprop fits the budget; legitimate),
+    `speed_plain` ('speed' would free under 5% of what plain backprop keeps, so plain
+    backprop runs; legitimate),
     `cut_plain` (one segment, on a graph whose stop_gradients cut every path from the
     input: the strategy's checkpoints all lie where no gradient flows; legitimate),
     `noise` (over the tolerance, but as close to the float64 gradient as tf.gradients is:
@@ -571,7 +573,7 @@ def strategies_of(spec):
     # (Grappler, up to five rewrites per call) would multiply its time. The simulating
     # default is checked for gradients in test_parity.py and for memory in test_budget.py.
     return [("memory", "memory"), ("speed", "speed"), ("list", "list"),
-            ("budget", memgrad.strategies.Budget(spec.budget, margin=0.0, simulate=False))]
+            ("budget", memgrad.strategies.Budget(spec.budget, margin=0.0, measure=False, simulate=False))]
 
 
 def _call(log, name, function, retry=None):
@@ -600,7 +602,7 @@ def _smallest_budget(error):
     """After a BudgetError on a tiny graph (usual: the fixed costs of any plan exceed a
     fraction of plain backprop), the smallest budget that fits, so a budget plan is still
     differentiated and checked."""
-    return memgrad.strategies.Budget(int(error.smallest_feasible_bytes) + 1, margin=0.0, simulate=False)
+    return memgrad.strategies.Budget(int(error.smallest_feasible_bytes) + 1, margin=0.0, measure=False, simulate=False)
 
 
 def check_graph(spec, only=None):
@@ -735,6 +737,8 @@ def _outcome(name, logged, results, cut=False, tolerance=TOLERANCE):
     for entry in value:
         if entry.fallback and entry.mode == "budget":
             return Outcome(name, "budget_plain", error)
+        if entry.fallback and entry.plan is not None and entry.plan.details.get("same_as_plain"):
+            return Outcome(name, "speed_plain", error)
         if cut and not entry.fallback and entry.segments == 1:
             return Outcome(name, "cut_plain", error, "every checkpoint behind the stops")
         if entry.fallback or entry.segments < 2:

@@ -130,6 +130,7 @@ def test_gradient_tape_accepts_every_strategy_kind():
     (("1GiB",), dict(margin=-0.1), ValueError, r"Received: -0.1"),
     (("1GiB",), dict(margin="10%"), TypeError, r"margin must be a number.*Received: str '10%'"),
     (("1GiB",), dict(simulate="yes"), TypeError, r"simulate must be True or False. Received: 'yes'"),
+    (("1GiB",), dict(measure=1), TypeError, r"measure must be True or False. Received: 1"),
     (("1GiB",), dict(scratch=None), TypeError, r"scratch must be True or False. Received: None"),
 ])
 def test_budget_validates_at_construction(args, kwargs, error, message):
@@ -148,7 +149,7 @@ def test_budget_error_names_bytes_when_no_fraction_fits():
     # Even the leanest plan over plain backprop's peak (with the margin, plain/(1 - 0.1)): the
     # fraction it used to name, 1.112, is one no Budget accepts.
     error = _budget_error(budget_bytes=500, smallest_feasible_bytes=1000 / 0.9, plain_bytes=1000,
-                          margin=0.1, fraction=0.5)
+                          margin=0.1, fraction=0.5, source="simulated")
     message = str(error)
     assert "fraction of at least" not in message and "1.112" not in message
     assert "Expected a budget of at least 1112 bytes" in message
@@ -171,7 +172,7 @@ def test_budget_error_from_a_graph_no_plan_helps():
         fn.get_concrete_function(x)
     message = str(info.value)
     assert "fraction of at least" not in message
-    assert re.search(r"Expected a budget of at least \d+ bytes .*plain backprop's simulated peak of \d+ bytes.*"
+    assert re.search(r"Expected a budget of at least \d+ bytes .*plain backprop's measured peak of \d+ bytes.*"
                      r"give the budget in bytes.*Received: Budget\(0.5\), \d+ bytes", message)
     needed = int(re.search(r"Budget\((\d+)\)", message).group(1))
 

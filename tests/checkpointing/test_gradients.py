@@ -26,7 +26,8 @@ def _both(model, x, y, checkpoints):
 def test_matches_tf_gradients(name, checkpoints):
     keras.utils.set_random_seed(0)
     model, x, y = BUILDERS[name]()
-    with rewritten():
+    # 'speed' runs plain backprop where it would free under 5% (tanh and ReLU chains).
+    with rewritten(allow_plain_speed=True):
         reference, checkpointed = _both(model, x, y, checkpoints)
     assert len(reference) == len(checkpointed) == len(model.trainable_variables)
     for a, b in zip(reference, checkpointed):

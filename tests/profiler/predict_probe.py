@@ -105,33 +105,53 @@ def max_batch_predicted_and_found(limit, overhead_bytes):
             "traces": len(predicted.probes), "runs": len(found.probes)}
 
 
+def _median_peak(step, inputs, labels):
+    return sorted(memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
+                  .peak_above_baseline_bytes for i in range(3))[1]
+
+
 def budget_sweep(fractions, batch_size=8):
     """Measured peaks above baseline (median of three calls) of the GPT-2 backbone's training
-    step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' predicted
-    peaks: ``{"measured": [...], "predicted": [...], "budget": [...], "smallest_fraction":
-    [...]}`` in the given order; a fraction that raised BudgetError has None figures and the
-    smallest fraction the error named."""
+    step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' figures:
+    ``{"measured", "predicted", "budget", "candidate", "smallest_fraction": [...], "plain",
+    "memory": bytes, "memory_budget": {...}}``, lists in the given order; a fraction that
+    raised BudgetError has None figures and the smallest fraction the error named.
+    "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures: its
+    budget, measured peak and whether it was refused."""
     model = _gpt2_backbone()
     inputs, labels = _batch(model, batch_size)
-    result = {"measured": [], "predicted": [], "budget": [], "smallest_fraction": []}
+    result = {"measured": [], "predicted": [], "budget": [], "candidate": [],
+              "smallest_fraction": []}
+
+    def planned(checkpoints):
+        step = training_step(model, checkpoints)
+        with memgrad.record_rewrites() as log:
+            step.get_concrete_function(inputs, labels)
+        return step, log[-1].plan.details
+
     for fraction in fractions:
-        step = training_step(model, memgrad.strategies.Budget(fraction))
         try:
-            with memgrad.record_rewrites() as log:
-                step.get_concrete_function(inputs, labels)
+            step, details = planned(memgrad.strategies.Budget(fraction))
         except memgrad.BudgetError as error:  # autograph keeps the type, not the attributes
             named = re.search(r"a fraction of at least ([0-9.]+)", str(error))
             result["smallest_fraction"].append(float(named.group(1)) if named else None)
-            for key in ("measured", "predicted", "budget"):
+            for key in ("measured", "predicted", "budget", "candidate"):
                 result[key].append(None)
             continue
         result["smallest_fraction"].append(None)
-        details = log[-1].plan.details
         result["predicted"].append(details["predicted_bytes"])
         result["budget"].append(details["budget_bytes"])
-        result["measured"].append(sorted(
-            memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
-            .peak_above_baseline_bytes for i in range(3))[1])
+        result["candidate"].append(details["candidate"])
+        result["measured"].append(_median_peak(step, inputs, labels))
+    result["plain"] = _median_peak(training_step(model), inputs, labels)
+    result["memory"] = _median_peak(training_step(model, "memory"), inputs, labels)
+    budget = int(1.05 * result["memory"])
+    try:
+        step, _ = planned(memgrad.strategies.Budget(budget))
+        result["memory_budget"] = {"budget": budget, "refused": False,
+                                   "measured": _median_peak(step, inputs, labels)}
+    except memgrad.BudgetError as error:
+        result["memory_budget"] = {"budget": budget, "refused": str(error), "measured": None}
     return result
 
 

@@ -208,10 +208,11 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
       xs: a tensor, variable, or list of them.
       grad_ys: optional incoming gradients, one per y.
       checkpoints: `'memory'` (separators spaced by bytes, about sqrt(n) of them),
-        `'speed'` (outputs of matrix products and convolutions), `'collection'` (tensors
-        marked with `memgrad.checkpoint`), a list of tensors to keep, or
-        `memgrad.strategies.Budget(bytes_or_fraction)`: the plan recomputing least, among a
-        fixed set of candidates, whose simulated peak fits the budget.
+        `'speed'` (no matrix product or convolution recomputed, never more kept than plain
+        backprop keeps), `'collection'` (tensors marked with `memgrad.checkpoint`), a list
+        of tensors to keep, or `memgrad.strategies.Budget(bytes_or_fraction)`: the plan
+        recomputing least, among a fixed set of candidates, whose peak, measured at trace
+        time, fits the budget.
       name: a name scope for the gradient ops.
       **kwargs: passed to `tf.gradients`: `gate_gradients`, `aggregation_method`,
         `stop_gradients`, `unconnected_gradients`, `colocate_gradients_with_ops`.
@@ -315,11 +316,11 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
                     view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients,
                     loops=plan.loops,
                 )
-                if not (isinstance(strategy, Budget) and strategy.simulate):
+                if not (isinstance(strategy, Budget) and strategy.refines):
                     break
-                # The rewritten graph's own peak, simulated: over the target, the next
-                # candidate plan (the rewrite just built is never run: unneeded ops are
-                # pruned).
+                # The rewritten graph's own peak, measured or simulated: over the target,
+                # the next candidate plan (the rewrite just built is never run by the step:
+                # unneeded ops are pruned).
                 following = strategy.check(view, plan, grads)
                 if following is None:
                     break

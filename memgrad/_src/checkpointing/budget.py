@@ -29,6 +29,7 @@ import tensorflow as tf
 from memgrad._src.checkpointing.strategies import CheckpointPlan, Strategy, _absorb_bias, _cuts_for, memory_cuts
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.kernels import measuring_device
+from memgrad._src.graph.measured import measured_peak
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
 
@@ -37,6 +38,15 @@ DENSE_LIMIT = 512
 # The budgets, as shares of the modelled plain peak, that a simulating Budget's candidate
 # plans are made for (see `_Planner.candidate_plans`).
 CANDIDATE_LEVELS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+# The share of a budget held back by default: plan-time peaks are medians of five runs, but
+# each run's peak varies with the executor's order of ops (by up to 15% on two busy cores),
+# and so does a user's median; simulated ones miss more (kernels' buffers, the allocator's
+# rounding).
+MEASURED_MARGIN = 0.04
+# A candidate whose memory-model peak (scaled to plain's measured or simulated peak) is over
+# this multiple of the target is tried only after the others (see `_walk_order`).
+SKIP_ABOVE = 1.25
+SIMULATED_MARGIN = 0.1
 
 
 class BudgetError(ValueError):
@@ -59,8 +69,13 @@ class BudgetError(ValueError):
     budget_bytes = smallest_feasible_bytes = smallest_feasible_fraction = plain_bytes = None
 
 
-def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0, fraction=None):
+_SOURCE_WORDS = {"measured": "measured", "simulated": "simulated", "model": "modelled"}
+
+
+def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0, fraction=None,
+                  source="model"):
     held = f", with the {margin:.0%} margin" if margin else ""
+    how = _SOURCE_WORDS.get(source, source)
     smallest_fraction = None
     if fraction is not None and plain_bytes > 0:
         # Rounded up, so the fraction named fits.
@@ -74,8 +89,8 @@ def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0
             error = BudgetError(
                 f"No checkpoint plan fits a budget of {asked} of activations. Expected a budget "
                 f"of at least {needed} bytes ({format_bytes(smallest_feasible_bytes)}): the "
-                f"smallest predicted peak of any plan ('memory' and the leaner ones){held}. "
-                f"That is more than plain backprop's simulated peak of {int(plain_bytes)} bytes "
+                f"smallest {how} peak of any plan ('memory' and the leaner ones){held}. "
+                f"That is more than plain backprop's {how} peak of {int(plain_bytes)} bytes "
                 f"({format_bytes(plain_bytes)}), so no fraction in (0, 1] expresses it: give "
                 f"the budget in bytes, e.g. memgrad.strategies.Budget({needed}). Received: "
                 f"Budget({fraction!r}), {int(budget_bytes)} bytes."
@@ -89,7 +104,7 @@ def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0
         expected = f"a budget of at least {format_bytes(smallest_feasible_bytes)}"
     error = BudgetError(
         f"No checkpoint plan fits a budget of {asked} of activations. Expected {expected}: "
-        f"the smallest predicted peak of any plan{held}; plain backprop is predicted at "
+        f"the smallest {how} peak of any plan{held}; plain backprop's {how} peak is "
         f"{format_bytes(plain_bytes)}. Received: {asked}."
     )
     error.budget_bytes = budget_bytes
@@ -318,52 +333,59 @@ class Budget(Strategy):
     `memgrad.profiler.measure(step).peak_above_baseline_bytes` reads for a step that computes
     gradients.
 
-    Plain backprop's peak is simulated: a plain `tf.gradients` of the same forward pass is
-    traced on the side (never run: TensorFlow prunes ops no output needs) and Grappler's
-    virtual cluster simulates it, as `memgrad.profiler.predict_peak` does. The planner's own
-    memory model, which ranks plans, is scaled to agree with that simulation.
+    One scale, measured: while the step is traced, plain backprop of the same forward pass
+    (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
+    real weights, and its peak read from the allocator: the median of five runs
+    (`measure=True`, the default). A fractional budget is a share of that measured peak, a
+    byte budget is compared with measured peaks, and each candidate plan's rewrite is
+    measured the same way before it is accepted. Where the forward pass cannot run on its own (an op that writes a variable or
+    advances a random generator, an input without a static shape, no allocator statistics),
+    the peaks are simulated by Grappler instead (`simulate`), as
+    `memgrad.profiler.predict_peak` does, and failing that taken from the planner's memory
+    model. ``plan.details['scale_source']`` says which.
 
     Args:
       limit: bytes (an int, or a string such as `"96MiB"` or `"1.5GB"`), or a float in
-        (0, 1]: a fraction of plain backprop's simulated peak. A budget at or above it keeps
-        nothing and recomputes nothing.
-      margin: the share of the budget held back for what the simulation does not see (the
-        allocator's rounding, the executor's own order of ops, oneDNN's buffers): plans are
-        made for a simulated peak of at most `(1 - margin) * limit`.
-      simulate: simulate plain backprop as above (default). ``False`` uses the planner's
-        memory model alone, as before issue 21.
+        (0, 1]: a fraction of plain backprop's peak (measured, see above). A budget at or
+        above it keeps nothing and recomputes nothing.
+      margin: the share of the budget held back for what the plan-time figure does not see
+        (the executor's own order of ops from call to call, what the step does besides the
+        gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. None
+        (default): 3% when peaks are measured, 10% when simulated or modelled.
+      measure: run plain backprop and each candidate rewrite once at trace time to measure
+        their peaks (default). ``False`` simulates them.
+      simulate: where peaks are not measured, simulate them (default). ``False`` with
+        ``measure=False`` uses the planner's memory model alone.
       scratch: count kernels' scratch buffers in the simulations, measured as
         `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
         call runs once alone on zeros, at trace time; results are cached for the process).
-        ``False`` runs nothing while planning.
 
-    Which plan: simulating, the plans it chooses among are the same for every budget on a
-    graph (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
-    plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites from
-    the least recomputation up, simulates each the same way, and keeps the first whose peak
-    is within the target; the rewrites not kept are never run. So a smaller budget never
-    gets a plan with a larger simulated peak: the peak is monotone in the budget as far as
-    the simulation ranks plans right. A tight budget builds and simulates more rewrites
-    (a Grappler run each, 1-10 s at trace time on keras.applications models).
+    Which plan: the plans it chooses among are the same for every budget on a graph
+    (`_Planner.candidate_plans`: the memory model's cheapest plans for 90%, 80%, ..., 10% of
+    its plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites
+    from the least recomputation up, measures (or simulates) each, and keeps the first whose
+    peak is within the target; the rewrites not kept are never run. So a smaller budget never
+    gets a plan with a larger plan-time peak. A tight budget builds and measures more
+    rewrites (one forward and backward pass on zeros each, at trace time).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
-    `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's simulated
-    peak, or the scaled model's when it could not be simulated), `simulated_bytes`,
-    `plain_bytes` (simulated, or modelled when not simulating), `modelled_plain_bytes`,
-    `scale` (simulated over modelled plain peak), `candidate` (its index among
-    `candidates`, None for plain backprop or a model-only plan), `tried_bytes` (the peaks of
-    those tried before it, plain backprop's first), `recomputed_flops`, `forward_flops`,
-    `checkpoints`, `seconds`; read them from `memgrad.analyze` or the
+    `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's measured
+    or simulated peak, or the scaled model's when neither could be had), `measured_bytes`,
+    `simulated_bytes`, `plain_bytes` (measured, simulated or modelled: `scale_source`),
+    `modelled_plain_bytes`, `scale` (plain peak over modelled plain peak), `candidate` (its
+    index among `candidates`, None for plain backprop or a model-only plan), `tried_bytes`
+    (the peaks of those tried before it, plain backprop's first), `recomputed_flops`,
+    `forward_flops`, `checkpoints`, `seconds`; read them from `memgrad.analyze` or the
     `memgrad.record_rewrites()` log.
 
     Raises:
       TypeError: for a limit that is neither a number nor a string, a margin that is not a
-        number, or a simulate or scratch that is not a bool.
+        number, or a measure, simulate or scratch that is not a bool.
       ValueError: for a limit that is not a positive byte size nor a fraction in (0, 1],
         or a margin outside [0, 1).
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
-        in bytes, or as a fraction when the limit was one (simulating: the least simulated
-        peak of all candidates, with the margin; that budget is accepted).
+        in bytes, or as a fraction when the limit was one (the least peak of all
+        candidates, with the margin; that budget is accepted).
 
     Example:
       ```python
@@ -375,18 +397,18 @@ class Budget(Strategy):
 
     name = "budget"
 
-    def __init__(self, limit, margin=0.1, simulate=True, scratch=True):
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)):
-            raise TypeError(f"Budget margin must be a number in [0, 1). Received: {type(margin).__name__} "
-                            f"{margin!r}")
-        if not 0.0 <= margin < 1.0:
+    def __init__(self, limit, margin=None, measure=True, simulate=True, scratch=True):
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+            raise TypeError(f"Budget margin must be a number in [0, 1) or None. Received: "
+                            f"{type(margin).__name__} {margin!r}")
+        if margin is not None and not 0.0 <= margin < 1.0:
             raise ValueError(f"Budget margin must lie in [0, 1). Received: {margin!r}")
-        if not isinstance(simulate, bool):
-            raise TypeError(f"Budget simulate must be True or False. Received: {simulate!r}")
-        if not isinstance(scratch, bool):
-            raise TypeError(f"Budget scratch must be True or False. Received: {scratch!r}")
+        for name, value in (("measure", measure), ("simulate", simulate), ("scratch", scratch)):
+            if not isinstance(value, bool):
+                raise TypeError(f"Budget {name} must be True or False. Received: {value!r}")
         self.scratch = scratch
-        self.margin = float(margin)
+        self.margin = None if margin is None else float(margin)
+        self.measure = measure
         self.simulate = simulate
         if isinstance(limit, bool) or not isinstance(limit, (int, float, str)):
             raise TypeError(
@@ -397,7 +419,7 @@ class Budget(Strategy):
             if not 0.0 < limit <= 1.0:
                 raise ValueError(
                     "A fractional Budget must lie in (0, 1] (a share of plain backprop's "
-                    f"simulated peak). Received: {limit!r}"
+                    f"peak). Received: {limit!r}"
                 )
             self.fraction, self.bytes = limit, None
         else:
@@ -411,44 +433,61 @@ class Budget(Strategy):
             return f"Budget({self.fraction!r})"
         return f"Budget({format_bytes(self.bytes)!r})"
 
+    @property
+    def refines(self):
+        """Whether `check` may replace a plan once its rewrite exists (measuring or
+        simulating: the rewrite's own peak decides)."""
+        return self.measure or self.simulate
+
     def resolve(self, plain_bytes):
-        """The budget in bytes, given plain backprop's predicted peak."""
+        """The budget in bytes, given plain backprop's peak."""
         return self.fraction * plain_bytes if self.fraction is not None else float(self.bytes)
+
+    def _margin(self, source):
+        if self.margin is not None:
+            return self.margin
+        return MEASURED_MARGIN if source == "measured" else SIMULATED_MARGIN
 
     @tf.autograph.experimental.do_not_convert
     def plan(self, view):
         """The first `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
 
-        Simulating, it is plain backprop when its simulated peak fits the budget, else the
-        cheapest candidate plan; `check` moves on to the next candidate while the rewrite's
-        simulated peak is over the target.
+        Measuring (or simulating), it is plain backprop when plain's peak fits the budget,
+        else the cheapest candidate plan; `check` moves on to the next candidate while the
+        rewrite's peak is over the target.
         """
         start = time.perf_counter()
         planner = _Planner(view)
-        kernels = measuring_device() if self.simulate and self.scratch else None
-        simulated = simulated_plain_bytes(view, kernels) if self.simulate else None
         modelled = planner.plain_bytes
-        scale = simulated / modelled if simulated and modelled > 0 else 1.0
-        plain = modelled * scale
-        budget = self.resolve(plain)
-        target = budget * (1.0 - self.margin)
-        walk = _Walk(planner=planner, scale=scale, plain_bytes=plain, budget_bytes=budget,
-                     target_bytes=target, start=start, kernels=kernels)
-        if simulated is not None:
-            if budget >= simulated:
+        device = measuring_device() if self.measure or (self.simulate and self.scratch) else None
+        kernels = device if self.scratch else None
+        how = (device, self.measure, self.simulate, kernels)
+        grads = _plain_gradients(view) if self.refines else None
+        plain, source = _peak_of(view, grads, how) if grads else (None, "model")
+        scale = plain / modelled if plain and modelled > 0 else 1.0
+        plain_bytes = plain if plain else modelled
+        budget = self.resolve(plain_bytes)
+        margin = self._margin(source)
+        target = budget * (1.0 - margin)
+        walk = _Walk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
+                     target_bytes=target, start=start, source=source, margin=margin,
+                     how=(device, source == "measured", self.simulate, kernels))
+        if source != "model":
+            if budget >= plain:
                 return self._plan_for(view, walk, [], modelled, 0.0, index=None)
-            walk.tried.append(simulated)  # plain backprop, over the budget
+            walk.tried.append(plain)  # plain backprop, over the budget
             candidates = planner.candidate_plans()
             if not candidates:
                 raise self._no_plan(walk)
-            cost, peak, cuts = candidates[0]
-            return self._plan_for(view, walk, cuts, peak, cost, index=0)
+            walk.order = _walk_order(candidates, scale, target)
+            cost, peak, cuts = candidates[walk.order[0]]
+            return self._plan_for(view, walk, cuts, peak, cost, index=walk.order[0])
         try:
             cuts, peak, cost = planner.plan(target / scale)
         except BudgetError as error:
             raise _budget_error(
-                budget, error.smallest_feasible_bytes * scale / (1.0 - self.margin),
-                plain, margin=self.margin, fraction=self.fraction,
+                budget, error.smallest_feasible_bytes * scale / (1.0 - margin),
+                plain_bytes, margin=margin, fraction=self.fraction, source=source,
             ) from None
         return self._plan_for(view, walk, cuts, peak, cost, index=None)
 
@@ -457,9 +496,9 @@ class Budget(Strategy):
         tensors = _absorb_bias(view, m.tensors_for(cuts))
         details = dict(
             budget_bytes=walk.budget_bytes, target_bytes=walk.target_bytes,
-            predicted_bytes=peak * walk.scale, simulated_bytes=None,
+            predicted_bytes=peak * walk.scale, measured_bytes=None, simulated_bytes=None,
             plain_bytes=walk.plain_bytes, modelled_plain_bytes=walk.planner.plain_bytes,
-            scale=walk.scale, candidate=index,
+            scale=walk.scale, scale_source=walk.source, margin=walk.margin, candidate=index,
             candidates=None if index is None else len(walk.planner.candidate_plans()),
             tried_bytes=list(walk.tried), recomputed_flops=cost,
             forward_flops=float(m.flops.sum()), checkpoints=len(tensors),
@@ -473,14 +512,16 @@ class Budget(Strategy):
         return plan
 
     def _no_plan(self, walk):
-        return _budget_error(walk.budget_bytes, min(walk.tried) / (1.0 - self.margin),
-                             walk.plain_bytes, margin=self.margin, fraction=self.fraction)
+        return _budget_error(walk.budget_bytes, min(walk.tried) / (1.0 - walk.margin),
+                             walk.plain_bytes, margin=walk.margin, fraction=self.fraction,
+                             source=walk.source)
 
     @tf.autograph.experimental.do_not_convert
     def check(self, view, plan, grads):
-        """After the rewrite of ``plan`` made ``grads``: its simulated peak goes into
-        ``plan.details`` (``simulated_bytes``, and ``predicted_bytes``); returns the next
-        candidate plan when that peak is over the target, else None (keep this one).
+        """After the rewrite of ``plan`` made ``grads``: its measured (or simulated) peak goes
+        into ``plan.details`` (``measured_bytes`` or ``simulated_bytes``, and
+        ``predicted_bytes``); returns the next candidate plan when that peak is over the
+        target, else None (keep this one).
 
         Args:
           view: the `ForwardGraph` planned for.
@@ -488,30 +529,25 @@ class Budget(Strategy):
           grads: the gradients the rewrite made.
 
         Raises:
-          BudgetError: when every candidate's simulated peak is over the target; it names
-            the least of them (plus the margin), which is a budget that plan fits.
+          BudgetError: when every candidate's peak is over the target; it names the least of
+            them (plus the margin), which is a budget that plan fits.
         """
         walk = getattr(plan, "_budget_walk", None)
         if walk is None:  # plain backprop, or a plan made on the memory model alone
             return None
         details = plan.details
-        try:
-            fetches = _consumed(view.graph, grads)
-            simulated = float(simulate_peak(view.graph, fetches, kernels=walk.kernels)
-                              .peak_above_baseline_bytes) if fetches else None
-        except Exception:  # noqa: BLE001 - unsimulatable: the scaled model's figure stands
-            simulated = None
-        if simulated:
-            details["simulated_bytes"] = details["predicted_bytes"] = simulated
+        peak, source = _peak_of(view, grads, walk.how)
+        if peak:
+            details[f"{source}_bytes"] = details["predicted_bytes"] = peak
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
         if peak <= details["target_bytes"]:
             return None
-        index = details["candidate"] + 1
-        candidates = walk.planner.candidate_plans()
-        if index >= len(candidates):
+        position = walk.order.index(details["candidate"]) + 1
+        if position >= len(walk.order):
             raise self._no_plan(walk)
-        cost, model_peak, cuts = candidates[index]
+        index = walk.order[position]
+        cost, model_peak, cuts = walk.planner.candidate_plans()[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
 
@@ -525,8 +561,22 @@ class _Walk:
     budget_bytes: float
     target_bytes: float
     start: float
-    kernels: str = None  # where kernels' scratch is measured, or None
-    tried: list = dataclasses.field(default_factory=list)  # simulated peaks found over
+    source: str = "model"  # where the peaks come from: 'measured', 'simulated' or 'model'
+    margin: float = 0.0
+    # (device, measure, simulate, kernels): how candidate rewrites' peaks are found.
+    how: tuple = (None, False, False, None)
+    tried: list = dataclasses.field(default_factory=list)  # peaks found over the target
+    order: list = dataclasses.field(default_factory=list)  # candidate indices, in trial order
+
+
+def _walk_order(candidates, scale, target):
+    """The order candidates are tried in: from the cheapest whose scaled model peak is within
+    `SKIP_ABOVE` of the target (the cheaper ones are predicted too far over to be worth a
+    measurement), up; then the skipped ones, cheapest first (the model can rank a plan too
+    high). Every candidate is tried before a BudgetError."""
+    start = next((i for i, (_, peak, _) in enumerate(candidates)
+                  if peak * scale <= SKIP_ABOVE * target), len(candidates) - 1)
+    return list(range(start, len(candidates))) + list(range(start))
 
 
 def _consumed(graph, grads):
@@ -538,25 +588,63 @@ def _consumed(graph, grads):
                 for g in grads if g is not None]
 
 
-@tf.autograph.experimental.do_not_convert
-def simulated_plain_bytes(view, kernels=None):
-    """Plain backprop's peak above the baseline for ``view``, simulated by Grappler on a plain
-    `tf.gradients` traced on the side, or None when it cannot be simulated (then the memory
-    model's figure stands).
-
-    The side gradient is never run: TensorFlow prunes, before running a function, the ops no
-    output or stateful op needs.
-    """
+def _plain_gradients(view):
+    """A plain `tf.gradients` of ``view`` traced on the side (never run by the step:
+    TensorFlow prunes, before running a function, the ops no output or stateful op needs),
+    or None when it cannot be traced."""
     try:
         with view.graph.as_default(), tf.name_scope("memgrad_budget_plain"):
             grads = tf.gradients(view.ys, view.xs)
+    except Exception:  # noqa: BLE001 - no side gradient: the memory model's figures stand
+        return None
+    return grads if any(g is not None for g in grads) else None
+
+
+def _held(grads):
+    """The tensors of ``grads`` to fetch when measuring: every gradient alive at the end of
+    the run, as in a step that applies them all after the backward pass (Keras's fit, and
+    ``optimizer.apply(tape.gradient(...))``)."""
+    fetched = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            fetched += [g.values, g.indices]
+        elif g is not None:
+            fetched.append(g)
+    return fetched
+
+
+def _peak_of(view, grads, walk_or_budget):
+    """The measured peak of computing ``grads`` (held to the end), else the simulated one
+    (each consumed as made), with its source; ``(None, 'model')`` when neither can be had."""
+    device, measure, simulate, kernels = walk_or_budget
+    if measure and device is not None:
+        peak = measured_peak(view.graph, _held(grads), device, count_outputs=True)
+        if peak:
+            return float(peak), "measured"
+    if simulate:
         fetches = _consumed(view.graph, grads)
-        if not fetches:
-            return None
-        simulated = simulate_peak(view.graph, fetches, kernels=kernels).peak_above_baseline_bytes
+        peak = _simulated(view.graph, fetches, kernels) if fetches else None
+        if peak:
+            return peak, "simulated"
+    return None, "model"
+
+
+def _simulated(graph, fetches, kernels=None):
+    """Grappler's simulated peak above the baseline of ``fetches``, or None."""
+    try:
+        simulated = simulate_peak(graph, fetches, kernels=kernels).peak_above_baseline_bytes
     except Exception:  # noqa: BLE001 - an unsimulatable graph plans on the memory model alone
         return None
     return float(simulated) if simulated > 0 else None
+
+
+@tf.autograph.experimental.do_not_convert
+def simulated_plain_bytes(view, kernels=None):
+    """Plain backprop's peak above the baseline for ``view``, simulated by Grappler on a plain
+    `tf.gradients` traced on the side, or None when it cannot be simulated."""
+    grads = _plain_gradients(view)
+    fetches = _consumed(view.graph, grads) if grads else None
+    return _simulated(view.graph, fetches, kernels) if fetches else None
 
 
 @tf.autograph.experimental.do_not_convert

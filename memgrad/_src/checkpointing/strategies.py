@@ -250,11 +250,14 @@ def _gradient_read(view):
     read = set()
     for op in view.activation_ops:
         ins, outs = gradient_reads(op)
+        # (Indices past the op's own inputs or outputs can come from the probe's cache,
+        # which ops of one signature share.)
         for i in ins:
-            if view.is_activation(op.inputs[i]):
+            if i < len(op.inputs) and view.is_activation(op.inputs[i]):
                 read.add(op.inputs[i].ref())
         for j in outs:
-            read.add(op.outputs[j].ref())
+            if j < len(op.outputs):
+                read.add(op.outputs[j].ref())
     return read
 
 
