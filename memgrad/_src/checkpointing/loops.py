@@ -36,6 +36,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from memgrad._src import tf_internals
+from memgrad._src.graph.kernels import called_functions
 
 LOOP_TYPES = frozenset({"While", "StatelessWhile"})
 CONTROL_FLOW_TYPES = LOOP_TYPES | {"If", "StatelessIf", "Case", "StatelessCase"}
@@ -69,15 +70,6 @@ class LoopRecord:
 
 
 # ---------------------------------------------------------------------- what a loop runs
-def _function_names(attrs):
-    for value in attrs.values():
-        if value.HasField("func"):
-            yield value.func.name
-        elif value.HasField("list"):
-            for func in value.list.func:
-                yield func.name
-
-
 def stateful_op_in(op):
     """The first op in `op`'s functions (recursively) that a second run would not repeat.
 
@@ -89,7 +81,7 @@ def stateful_op_in(op):
       TensorFlow does not know counts as stateful.
     """
     seen = set()
-    stack = list(_function_names(op.node_def.attr))
+    stack = list(called_functions(op.node_def.attr))
     while stack:
         name = stack.pop()
         if name in seen:
@@ -99,7 +91,7 @@ def stateful_op_in(op):
         if definition is None:
             return (name, name)
         for node in definition.node_def:
-            stack.extend(_function_names(node.attr))
+            stack.extend(called_functions(node.attr))
             if tf_internals.graph_function_definition(op.graph, node.op) is not None:
                 stack.append(node.op)  # a call by the function's name
                 continue

@@ -33,6 +33,18 @@ def data_inputs(node):
             yield source, int(index or 0)
 
 
+def called_functions(attrs):
+    """Names of the functions an op's attributes name (``func`` and list-of-func values): the
+    functions a call, loop or conditional runs. ``attrs``: a NodeDef's or Operation's
+    ``attr`` map."""
+    for value in attrs.values():
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            for function in value.list.func:
+                yield function.name
+
+
 def compiled_functions(library):
     """Names of the functions of a `FunctionDefLibrary` marked for XLA compilation."""
     return {f.signature.name for f in library.function

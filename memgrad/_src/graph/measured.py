@@ -17,7 +17,7 @@ shape is not static, a capture from an enclosing graph, an allocator without sta
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.graph.kernels import statistics_available
+from memgrad._src.graph.kernels import called_functions, statistics_available
 
 # Stateful ops that only read, or whose state is private to the imported copy (the legacy
 # random ops keep their generator in the kernel instance), or that call functions whose own
@@ -33,26 +33,16 @@ _HARMLESS_STATEFUL = frozenset({
 })
 
 
-def _called(node):
-    """Names of the functions a NodeDef calls (its func and list-of-func attributes)."""
-    for value in node.attr.values():
-        if value.HasField("func"):
-            yield value.func.name
-        elif value.HasField("list"):
-            for function in value.list.func:
-                yield function.name
-
-
 def _reachable_functions(graph_def):
     """The FunctionDefs of ``graph_def.library`` its nodes call, directly or not."""
     library = {f.signature.name: f for f in graph_def.library.function}
-    found, stack = {}, [name for node in graph_def.node for name in _called(node)]
+    found, stack = {}, [name for node in graph_def.node for name in called_functions(node.attr)]
     while stack:
         name = stack.pop()
         if name in found or name not in library:
             continue
         found[name] = library[name]
-        stack.extend(n for node in library[name].node_def for n in _called(node))
+        stack.extend(n for node in library[name].node_def for n in called_functions(node.attr))
     return found
 
 
