@@ -66,9 +66,28 @@ def test_an_input_without_a_static_shape_is_not_run():
 
 
 @pytest.mark.parametrize("op, refused", [("AssignAddVariableOp", True), ("ReadVariableOp", False),
+                                         ("VariableShape", False), ("ResourceGather", False),
                                          ("RandomUniform", False), ("RngReadAndSkip", True),
                                          ("MatMul", False)])
 def test_which_ops_count_as_writing_state(op, refused):
     graph_def = tf.compat.v1.GraphDef()
     graph_def.node.add(name="n", op=op)
     assert (writes_state(graph_def) == op) is refused
+
+
+def test_a_keras_lstm_is_measured():
+    """A loop reading its weights' shapes (VariableShape, stateful only in name) runs."""
+    from memgrad.profiler.workloads import lstm_regressor
+
+    model = lstm_regressor(layers=1, units=16, steps=32, features=4, seed=0)
+    weights = model.trainable_variables
+    found = {}
+
+    @tf.function
+    def step(x):
+        sums = _gradient_sums(tf.reduce_mean(model(x, training=True) ** 2), weights)
+        found["peak"] = measured_peak(tf.compat.v1.get_default_graph(), sums, "CPU:0")
+        return sums
+
+    step.get_concrete_function(tf.random.stateless_normal([8, 32, 4], [0, 1]))
+    assert found["peak"] is not None and found["peak"] > 0

@@ -613,10 +613,11 @@ def _held(grads):
     return fetched
 
 
-def _peak_of(view, grads, walk_or_budget):
+def _peak_of(view, grads, how):
     """The measured peak of computing ``grads`` (held to the end), else the simulated one
-    (each consumed as made), with its source; ``(None, 'model')`` when neither can be had."""
-    device, measure, simulate, kernels = walk_or_budget
+    (each consumed as made), with its source; ``(None, 'model')`` when neither can be had.
+    ``how``: ``(device, measure, simulate, kernels)``."""
+    device, measure, simulate, kernels = how
     if measure and device is not None:
         peak = measured_peak(view.graph, _held(grads), device, count_outputs=True)
         if peak:

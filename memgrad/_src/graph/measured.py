@@ -23,7 +23,8 @@ from memgrad._src.graph.kernels import called_functions, statistics_available
 # random ops keep their generator in the kernel instance), or that call functions whose own
 # ops are checked.
 _HARMLESS_STATEFUL = frozenset({
-    "ReadVariableOp", "VarHandleOp", "VarIsInitializedOp", "Placeholder", "NoOp",
+    "ReadVariableOp", "VarHandleOp", "VarIsInitializedOp", "VariableShape", "ResourceGather",
+    "ResourceGatherNd", "Placeholder", "NoOp",
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
     "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial",
     "StatefulPartitionedCall", "PartitionedCall", "While", "If", "Case",
