@@ -335,14 +335,18 @@ class Budget(Strategy):
 
     One scale, measured: while the step is traced, plain backprop of the same forward pass
     (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
-    real weights, and its peak read from the allocator: the median of five runs
-    (`measure=True`, the default). A fractional budget is a share of that measured peak, a
-    byte budget is compared with measured peaks, and each candidate plan's rewrite is
-    measured the same way before it is accepted. Where the forward pass cannot run on its own (an op that writes a variable or
-    advances a random generator, an input without a static shape, no allocator statistics),
-    the peaks are simulated by Grappler instead (`simulate`), as
-    `memgrad.profiler.predict_peak` does, and failing that taken from the planner's memory
-    model. ``plan.details['scale_source']`` says which.
+    real weights, and its peak read from the allocator: the median of five runs after one
+    that builds the kernels (`measure=True`, the default). Every gradient is held to the end
+    of the run, as in a step that applies them all after the backward pass (Keras's fit,
+    ``optimizer.apply(tape.gradient(...))``); a step that frees each as it is made peaks
+    lower. A fractional budget is a share of that measured peak, a byte budget is compared
+    with measured peaks, and each candidate plan's rewrite is measured the same way before
+    it is accepted. Under ``jit_compile=True`` the plan-time runs are not compiled. Where the
+    forward pass cannot run on its own (an op that writes a variable or advances a random
+    generator, an input without a static shape, no allocator statistics), the peaks are
+    simulated by Grappler instead (`simulate`), as `memgrad.profiler.predict_peak` does,
+    and failing that taken from the planner's memory model.
+    ``plan.details['scale_source']`` says which.
 
     Args:
       limit: bytes (an int, or a string such as `"96MiB"` or `"1.5GB"`), or a float in
@@ -351,9 +355,9 @@ class Budget(Strategy):
       margin: the share of the budget held back for what the plan-time figure does not see
         (the executor's own order of ops from call to call, what the step does besides the
         gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. None
-        (default): 3% when peaks are measured, 10% when simulated or modelled.
-      measure: run plain backprop and each candidate rewrite once at trace time to measure
-        their peaks (default). ``False`` simulates them.
+        (default): 4% when peaks are measured, 10% when simulated or modelled.
+      measure: run plain backprop and each candidate rewrite on zeros at trace time to
+        measure their peaks (default). ``False`` simulates them.
       simulate: where peaks are not measured, simulate them (default). ``False`` with
         ``measure=False`` uses the planner's memory model alone.
       scratch: count kernels' scratch buffers in the simulations, measured as
@@ -364,9 +368,11 @@ class Budget(Strategy):
     (`_Planner.candidate_plans`: the memory model's cheapest plans for 90%, 80%, ..., 10% of
     its plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites
     from the least recomputation up, measures (or simulates) each, and keeps the first whose
-    peak is within the target; the rewrites not kept are never run. So a smaller budget never
-    gets a plan with a larger plan-time peak. A tight budget builds and measures more
-    rewrites (one forward and backward pass on zeros each, at trace time).
+    peak is within the target; the rewrites not kept are never run by the step. It starts at
+    the cheapest candidate the scaled memory model puts within 25% of the target and tries
+    the cheaper ones last (`_walk_order`), so a smaller budget never gets a plan that
+    recomputes less. A tight budget builds and measures more rewrites (six forward and
+    backward passes on zeros each, at trace time).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
     `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's measured
@@ -385,7 +391,8 @@ class Budget(Strategy):
         or a margin outside [0, 1).
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
         in bytes, or as a fraction when the limit was one (the least peak of all
-        candidates, with the margin; that budget is accepted).
+        candidates, with the margin; that budget is accepted, within the few percent a
+        measured peak moves from one trace to the next).
 
     Example:
       ```python
