@@ -526,7 +526,65 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
 
     # 3. Glow: memgrad's constant-memory level vs tfp.bijectors.Glow, both one level of K=16.
     rows += _glow_peer_rows(rounds)
+    # 4. A residual MLP of Keras layers: every memgrad strategy against the peers.
+    rows += _mlp_peer_rows(rounds)
     return rows
+
+
+def _residual_mlp(blocks, width, hidden, block_call=None, seed=0):
+    """32 residual blocks h + Dense(width)(Dense(hidden, relu)(h)) and a Dense(10) head;
+    ``block_call(block, h)`` wraps each block's call (tf.recompute_grad), else it is plain."""
+    keras.utils.set_random_seed(seed)
+    blocks_ = [keras.Sequential([keras.Input((width,)), keras.layers.Dense(hidden, activation="relu"),
+                                 keras.layers.Dense(width)]) for _ in range(blocks)]
+    head = keras.layers.Dense(10)
+    head.build((None, width))
+
+    def forward(x):
+        h = x
+        for block in blocks_:
+            h = h + (block_call(block, h) if block_call else block(h))
+        return head(h)
+
+    variables = [v for b in blocks_ for v in b.trainable_variables] + head.trainable_variables
+    return forward, variables
+
+
+def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32):
+    """The residual MLP under plain backprop, memgrad's strategies, tf.recompute_grad per
+    block and keras.RematScope, each step an SGD update after the whole backward pass."""
+    x = tf.random.stateless_normal([batch, width], seed=[0, 9])
+    case = f"residual MLP, {blocks} blocks Dense({hidden}, relu) -> Dense({width}), batch {batch}x{width}"
+    forward, variables = _residual_mlp(blocks, width, hidden)
+    loss_of = lambda t: tf.reduce_mean(tf.square(forward(t)))  # noqa: E731
+    steps, failures = {"plain": _sgd_step(variables, loss_of)}, []
+    for label, checkpoints in (("memgrad 'memory'", "memory"), ("memgrad 'speed'", "speed"),
+                               ("memgrad Budget(0.5)", memgrad.strategies.Budget(0.5))):
+        step, failure = _try_step(lambda c=checkpoints: _sgd_step(
+            variables, loss_of, lambda c=c: memgrad.GradientTape(checkpoints=c)), x)
+        if step is None:
+            failures.append((label, failure))
+        else:
+            steps[label] = step
+    recomputed, recomputed_variables = _residual_mlp(
+        blocks, width, hidden, block_call=lambda block, h: tf.recompute_grad(block)(h))
+    step, failure = _try_step(lambda: _sgd_step(
+        recomputed_variables, lambda t: tf.reduce_mean(tf.square(recomputed(t)))), x, tail=True)
+    if step is None:
+        failures.append(("tf.recompute_grad per block", failure))
+    else:
+        steps["tf.recompute_grad per block"] = step
+    for mode in ("full", "activations"):
+        def make(mode=mode):
+            with keras.RematScope(mode=mode):
+                remat_forward, remat_variables = _residual_mlp(blocks, width, hidden)
+            return _sgd_step(remat_variables, lambda t: tf.reduce_mean(tf.square(remat_forward(t))))
+        step, failure = _try_step(make, x)
+        if step is None:
+            failures.append((f"keras.RematScope(mode='{mode}')", failure))
+        else:
+            steps[f"keras.RematScope(mode='{mode}')"] = step
+    return _peer_rows(case, steps, x, rounds, failures)
 
 
 def _glow_peer_rows(rounds, batch=64, size=16, steps_per_level=16, hidden=32):
@@ -913,10 +971,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), action="append",
                         help="suite to run (repeatable; default: all)")
+    parser.add_argument("--peers", action="store_true", help="the peers suite (same as --suite peers)")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per variant (default: 15)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the table to PATH")
     args = parser.parse_args(argv)
     rows = []
+    if args.peers:
+        args.suite = (args.suite or []) + ["peers"]
     for suite in args.suite or sorted(SUITES):
         rows += SUITES[suite](args.rounds)
     table = markdown(rows)
