@@ -647,15 +647,6 @@ def _simulated(graph, fetches, kernels=None):
 
 
 @tf.autograph.experimental.do_not_convert
-def simulated_plain_bytes(view, kernels=None):
-    """Plain backprop's peak above the baseline for ``view``, simulated by Grappler on a plain
-    `tf.gradients` traced on the side, or None when it cannot be simulated."""
-    grads = _plain_gradients(view)
-    fetches = _consumed(view.graph, grads) if grads else None
-    return _simulated(view.graph, fetches, kernels) if fetches else None
-
-
-@tf.autograph.experimental.do_not_convert
 def budget_curve(view, budgets=None, points=8, model=None):
     """Predicted peak and recomputation for a range of budgets.
 

@@ -23,6 +23,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from memgrad._src.graph.memory_model import gradient_reads
 from memgrad._src.graph.separators import cut_profile, single_tensor_separators
 from memgrad._src.graph.view import EXPENSIVE_TYPES
 
@@ -200,10 +201,12 @@ def speed_plan(view):
     tensors plain backprop would keep in the cheap ops it feeds (its "cheap region": bias,
     normalisation, activations, residual sums, up to the next expensive op): then the region
     is recomputed from it. Otherwise the region's saved tensors are kept as plain backprop
-    keeps them, and nothing is recomputed there. When that keeps everything plain backprop
-    keeps, the plan is empty and plain `tf.gradients` runs (no rewrite, no warning). A bias and ReLU after a matrix product keep
+    keeps them, and nothing is recomputed there. A bias and ReLU after a matrix product keep
     nothing new (ReLU's output is the next product's input); a GELU's intermediates are
-    recomputed from the product's output.
+    recomputed from the product's output. When the plan would free less than
+    `SPEED_MIN_SAVING` (5%) of what plain backprop keeps, it is empty and plain
+    `tf.gradients` runs (no rewrite, no warning): the rewrite's bookkeeping would cost about
+    what it saves.
     """
     saved = _gradient_read(view)
     chosen = {}
@@ -245,8 +248,6 @@ def speed_plan(view):
 def _gradient_read(view):
     """Refs of the activation tensors some forward op's gradient reads (what plain backprop
     keeps for the backward pass)."""
-    from memgrad._src.graph.memory_model import gradient_reads
-
     read = set()
     for op in view.activation_ops:
         ins, outs = gradient_reads(op)

@@ -45,6 +45,13 @@ def called_functions(attrs):
                 yield function.name
 
 
+def unregistered_functions(library):
+    """The FunctionDefs of ``library`` the process does not hold yet: a graph imported with
+    them uses the ones it holds as registered (a second definition under the same name is
+    refused; Grappler's optimized copies may differ)."""
+    return [f for f in library.function if not tf_internals.registered_function(f.signature.name)]
+
+
 def compiled_functions(library):
     """Names of the functions of a `FunctionDefLibrary` marked for XLA compilation."""
     return {f.signature.name for f in library.function
@@ -100,9 +107,7 @@ def _one_node_function(node, inputs, library):
     if library is not None:
         # Functions the process knows already (the step's own, under the same names) are
         # used as registered; Grappler's optimized copies may differ and cannot replace them.
-        known = tf_internals.registered_function
-        graph_def.library.function.extend(
-            f for f in library.function if not known(f.signature.name))
+        graph_def.library.function.extend(unregistered_functions(library))
         graph_def.library.gradient.extend(library.gradient)
     fed = []
     for position, (kind, value) in enumerate(inputs):

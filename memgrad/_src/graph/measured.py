@@ -17,7 +17,7 @@ shape is not static, a capture from an enclosing graph, an allocator without sta
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.graph.kernels import called_functions, statistics_available
+from memgrad._src.graph.kernels import called_functions, statistics_available, unregistered_functions
 
 # Stateful ops that only read, or whose state is private to the imported copy (the legacy
 # random ops keep their generator in the kernel instance), or that call functions whose own
@@ -134,9 +134,7 @@ def measured_peak(graph, fetches, device, runs=5, count_outputs=False):
     if plan is None:
         return None
     fed, captured = plan
-    # Functions the process holds already are used as registered (importing a second
-    # definition under the same name is refused).
-    kept = [f for f in sub.library.function if not tf_internals.registered_function(f.signature.name)]
+    kept = unregistered_functions(sub.library)
     del sub.library.function[:]
     sub.library.function.extend(kept)
     placeholders = [name for name, _ in captured] + [name for name, _, _ in fed]
