@@ -354,8 +354,11 @@ class Budget(Strategy):
         above it keeps nothing and recomputes nothing.
       margin: the share of the budget held back for what the plan-time figure does not see
         (the executor's own order of ops from call to call, what the step does besides the
-        gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. None
-        (default): 4% when peaks are measured, 10% when simulated or modelled.
+        gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. When
+        no candidate is, the one with the least peak is taken if that peak is within the
+        limit itself (``plan.details['within_margin']`` is then False), so a budget at
+        what 'memory' measures is accepted. None (default): 4% when peaks are measured,
+        10% when simulated or modelled.
       measure: run plain backprop and each candidate rewrite on zeros at trace time to
         measure their peaks (default). ``False`` simulates them.
       simulate: where peaks are not measured, simulate them (default). ``False`` with
@@ -381,8 +384,8 @@ class Budget(Strategy):
     `modelled_plain_bytes`, `scale` (plain peak over modelled plain peak), `candidate` (its
     index among `candidates`, None for plain backprop or a model-only plan), `tried_bytes`
     (the peaks of those tried before it, plain backprop's first), `recomputed_flops`,
-    `forward_flops`, `checkpoints`, `seconds`; read them from `memgrad.analyze` or the
-    `memgrad.record_rewrites()` log.
+    `forward_flops`, `checkpoints`, `within_margin`, `seconds`; read them from
+    `memgrad.analyze` or the `memgrad.record_rewrites()` log.
 
     Raises:
       TypeError: for a limit that is neither a number nor a string, a margin that is not a
@@ -507,7 +510,7 @@ class Budget(Strategy):
             plain_bytes=walk.plain_bytes, modelled_plain_bytes=walk.planner.plain_bytes,
             scale=walk.scale, scale_source=walk.source, margin=walk.margin, candidate=index,
             candidates=None if index is None else len(walk.planner.candidate_plans()),
-            tried_bytes=list(walk.tried), recomputed_flops=cost,
+            tried_bytes=list(walk.tried), recomputed_flops=cost, within_margin=True,
             forward_flops=float(m.flops.sum()), checkpoints=len(tensors),
             seconds=time.perf_counter() - walk.start,
         )
@@ -543,17 +546,35 @@ class Budget(Strategy):
         if walk is None:  # plain backprop, or a plan made on the memory model alone
             return None
         details = plan.details
+        if walk.settled is not None:  # the least plan, rebuilt: its peak was found already
+            details["predicted_bytes"] = walk.peaks[walk.settled]
+            details[f"{walk.source}_bytes"] = walk.peaks[walk.settled]
+            details["within_margin"] = False
+            return None
         peak, source = _peak_of(view, grads, walk.how)
         if peak:
             details[f"{source}_bytes"] = details["predicted_bytes"] = peak
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
+        walk.peaks[details["candidate"]] = peak
         if peak <= details["target_bytes"]:
             return None
         position = walk.order.index(details["candidate"]) + 1
         if position >= len(walk.order):
-            raise self._no_plan(walk)
+            return self._settle(view, walk)
         index = walk.order[position]
+        cost, model_peak, cuts = walk.planner.candidate_plans()[index]
+        return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
+
+    def _settle(self, view, walk):
+        """No candidate fits the budget less the margin: the one with the least peak, when
+        that peak fits the budget itself (the margin guards a choice between plans; below
+        every plan but the least there is no choice left, and refusing would refuse budgets
+        'memory' fits), else a BudgetError."""
+        index = min(walk.peaks, key=walk.peaks.get)
+        if walk.peaks[index] > walk.budget_bytes:
+            raise self._no_plan(walk)
+        walk.settled = index
         cost, model_peak, cuts = walk.planner.candidate_plans()[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
@@ -573,6 +594,8 @@ class _Walk:
     # (device, measure, simulate, kernels): how candidate rewrites' peaks are found.
     how: tuple = (None, False, False, None)
     tried: list = dataclasses.field(default_factory=list)  # peaks found over the target
+    peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
+    settled: int = None  # the candidate taken at the budget itself, without the margin
     order: list = dataclasses.field(default_factory=list)  # candidate indices, in trial order
 
 
