@@ -224,10 +224,12 @@ def test_budget_below_any_plan_names_the_smallest_that_fits(measure, slack, unde
         step(memgrad.strategies.Budget(int(smallest * under), margin=0.0, measure=measure))
 
 
-@pytest.mark.parametrize("measure, slack, under", [(False, 1.0, 0.97), (True, 1.05, 0.9)])
+@pytest.mark.parametrize("measure, slack, under", [(False, 1.0, 0.97), (True, 1.1, 0.85)])
 def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits(measure, slack, under):
     # Measured, the weights' gradients (12 MiB) count to the end of the step: on 256 rows
-    # every plan then measures within a few percent of plain backprop, so 2,048 rows.
+    # every plan then measures within a few percent of plain backprop, so 2,048 rows. The
+    # same plans measure up to 7% apart from one trace to the next (30.0 against 32.1 MiB),
+    # so the measured case asks 10% above the fraction named, as the byte case does.
     step, *_ = _tanh_chain_tracer(batch=2048 if measure else 256)
 
     with pytest.raises(memgrad.BudgetError, match=r"Expected a fraction of at least 0\.\d+") as info:

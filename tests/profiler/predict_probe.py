@@ -113,14 +113,14 @@ def _median_peak(step, inputs, labels):
 def budget_sweep(fractions, batch_size=8):
     """Measured peaks above baseline (median of three calls) of the GPT-2 backbone's training
     step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' figures:
-    ``{"measured", "predicted", "budget", "candidate", "smallest_fraction": [...], "plain",
-    "memory": bytes, "memory_budget": {...}}``, lists in the given order; a fraction that
-    raised BudgetError has None figures and the smallest fraction the error named.
-    "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures: its
-    budget, measured peak and whether it was refused."""
+    ``{"measured", "predicted", "budget", "candidate", "recomputed", "smallest_fraction":
+    [...], "plain", "memory": bytes, "memory_budget": {...}}``, lists in the given order; a
+    fraction that raised BudgetError has None figures and the smallest fraction the error
+    named. "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures:
+    its budget, measured peak and whether it was refused."""
     model = _gpt2_backbone()
     inputs, labels = _batch(model, batch_size)
-    result = {"measured": [], "predicted": [], "budget": [], "candidate": [],
+    result = {"measured": [], "predicted": [], "budget": [], "candidate": [], "recomputed": [],
               "smallest_fraction": []}
 
     def planned(checkpoints):
@@ -135,13 +135,14 @@ def budget_sweep(fractions, batch_size=8):
         except memgrad.BudgetError as error:  # autograph keeps the type, not the attributes
             named = re.search(r"a fraction of at least ([0-9.]+)", str(error))
             result["smallest_fraction"].append(float(named.group(1)) if named else None)
-            for key in ("measured", "predicted", "budget", "candidate"):
+            for key in ("measured", "predicted", "budget", "candidate", "recomputed"):
                 result[key].append(None)
             continue
         result["smallest_fraction"].append(None)
         result["predicted"].append(details["predicted_bytes"])
         result["budget"].append(details["budget_bytes"])
         result["candidate"].append(details["candidate"])
+        result["recomputed"].append(details["recomputed_flops"])
         result["measured"].append(_median_peak(step, inputs, labels))
     result["plain"] = _median_peak(training_step(model), inputs, labels)
     result["memory"] = _median_peak(training_step(model, "memory"), inputs, labels)

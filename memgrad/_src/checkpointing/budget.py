@@ -8,11 +8,15 @@ recomputed FLOPs of a plan come from `memgrad._src.graph.MemoryModel`.
 
 The search is a dynamic program over cut positions, in forward order. Its state is the
 last cut and the bytes kept so far, because every segment's peak is the kept bytes of the
-cuts before it plus the segment's own bytes. Kept bytes are grouped into `BUCKETS` bands
-of the budget; each band holds the cheapest plan reaching it, with its exact kept bytes, so
-every plan returned fits the budget under the model. Within a band a plan with more FLOPs
-and fewer kept bytes is dropped, which is where the search may miss the optimum; on chains
-with few distinct cut sizes the bands separate them and the result is exact. On graphs with
+cuts before it plus the segment's own bytes. Kept bytes are grouped into bands of the
+budget (`BUCKET_CELLS` over the number of positions, between `MIN_BUCKETS` and
+`MAX_BUCKETS` bands); each band holds the cheapest plan reaching it, with its exact kept
+bytes, so every plan returned fits the budget under the model. Within a band a plan with
+more FLOPs and fewer kept bytes is dropped, which is where the search may miss the optimum.
+Against the exact optimum (tests/checkpointing/exact_plans.py, no bands) on graphs of
+14-105 ops, at 20 budgets from the smallest feasible to plain backprop's, it recomputes
+the optimum's FLOPs on all of them with 256 bands; with 64 it recomputed up to 36% more
+on a chain of uneven widths and 11% more on dense blocks. On graphs with
 more than `DENSE_LIMIT` candidate positions, only positions where the live bytes are at a
 local minimum are candidates. The 'memory' strategy's placements (cuts near equal shares
 of the bytes, for every number of segments) are evaluated too, and the cheapest feasible
@@ -33,7 +37,11 @@ from memgrad._src.graph.measured import measured_peak
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
 
-BUCKETS = 64
+# Bands of kept bytes in the dynamic program: as many as fit BUCKET_CELLS (positions x
+# bands) within these bounds (256 bands up to 256 positions, 64 from 1,024).
+MIN_BUCKETS = 64
+MAX_BUCKETS = 256
+BUCKET_CELLS = 65536
 DENSE_LIMIT = 512
 # The budgets, as shares of the modelled plain peak, that a simulating Budget's candidate
 # plans are made for (see `_Planner.candidate_plans`).
@@ -177,7 +185,7 @@ class _Planner:
             return None
         starts = np.array([-1] + self.candidates, dtype=np.int64)
         S = len(starts)
-        K = BUCKETS
+        K = int(min(MAX_BUCKETS, max(MIN_BUCKETS, BUCKET_CELLS // S)))
         unit = max(B / K, 1.0)
         flops = np.full((S, K), np.inf)
         kept = np.full((S, K), np.inf)
@@ -277,16 +285,27 @@ class _Planner:
         peak, cost, cuts = min(options, key=lambda option: option[1])
         return cuts, peak, cost
 
-    def candidate_plans(self):
-        """The plans a simulating `Budget` chooses among, the same for every budget:
-        `(cost, predicted peak, cuts)` sorted by recomputed FLOPs (then peak), distinct.
+    def candidate_plans(self, budget=None):
+        """The plans a measuring or simulating `Budget` chooses among: `(cost, predicted
+        peak, cuts)` sorted by recomputed FLOPs (then peak), distinct.
 
         They are the cheapest plans under the model for budgets of `CANDIDATE_LEVELS` of
         its plain peak, its leanest plan, and the 'memory' strategy's plan (which the model
         may rank too high: ResNet50's simulates at 43 MiB where the model's leanest does at
-        101). Choosing the cheapest candidate whose simulated peak fits makes the chosen
-        peak shrink, never grow, with the budget (see `Budget`).
+        101), the same for every budget; with ``budget`` (bytes on the model's scale), also
+        the model's cheapest plan for it, which makes the family continuous: the fixed
+        plans alone recomputed up to 2.5x the optimum between their levels.
         """
+        fixed = self._fixed_candidates()
+        if budget is None or budget >= self.plain_bytes:
+            return fixed
+        cuts = self.solve(budget)
+        if not cuts or any(list(cuts) == option[2] for option in fixed):
+            return fixed
+        peak, cost = self.model.predict(cuts)
+        return sorted(fixed + [(cost, peak, cuts)], key=lambda option: option[:2])
+
+    def _fixed_candidates(self):
         if self._candidates is None:
             found = {}
             for level in CANDIDATE_LEVELS:
@@ -367,15 +386,17 @@ class Budget(Strategy):
         `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
         call runs once alone on zeros, at trace time; results are cached for the process).
 
-    Which plan: the plans it chooses among are the same for every budget on a graph
-    (`_Planner.candidate_plans`: the memory model's cheapest plans for 90%, 80%, ..., 10% of
-    its plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites
+    Which plan: it chooses among the memory model's cheapest plan for the target (scaled
+    to the measured plain peak) and plans that are the same for every budget on a graph
+    (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
+    plain peak, its leanest plan, and the 'memory' strategy's). It builds their rewrites
     from the least recomputation up, measures (or simulates) each, and keeps the first whose
     peak is within the target; the rewrites not kept are never run by the step. It starts at
     the cheapest candidate the scaled memory model puts within 25% of the target and tries
-    the cheaper ones last (`_walk_order`), so a smaller budget never gets a plan that
-    recomputes less. A tight budget builds and measures more rewrites (six forward and
-    backward passes on zeros each, at trace time).
+    the cheaper ones last (`_walk_order`), so a smaller budget gets a plan that recomputes
+    as much or more, except where the measured figures of two plans cross. A tight budget
+    builds and measures more rewrites (six forward and backward passes on zeros each, at
+    trace time).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
     `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's measured
@@ -486,7 +507,7 @@ class Budget(Strategy):
             if budget >= plain:
                 return self._plan_for(view, walk, [], modelled, 0.0, index=None)
             walk.tried.append(plain)  # plain backprop, over the budget
-            candidates = planner.candidate_plans()
+            candidates = walk.candidates = planner.candidate_plans(target / scale)
             if not candidates:
                 raise self._no_plan(walk)
             walk.order = _walk_order(candidates, scale, target)
@@ -509,7 +530,7 @@ class Budget(Strategy):
             predicted_bytes=peak * walk.scale, measured_bytes=None, simulated_bytes=None,
             plain_bytes=walk.plain_bytes, modelled_plain_bytes=walk.planner.plain_bytes,
             scale=walk.scale, scale_source=walk.source, margin=walk.margin, candidate=index,
-            candidates=None if index is None else len(walk.planner.candidate_plans()),
+            candidates=None if index is None else len(walk.candidates),
             tried_bytes=list(walk.tried), recomputed_flops=cost, within_margin=True,
             forward_flops=float(m.flops.sum()), checkpoints=len(tensors),
             seconds=time.perf_counter() - walk.start,
@@ -563,7 +584,7 @@ class Budget(Strategy):
         if position >= len(walk.order):
             return self._settle(view, walk)
         index = walk.order[position]
-        cost, model_peak, cuts = walk.planner.candidate_plans()[index]
+        cost, model_peak, cuts = walk.candidates[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
     def _settle(self, view, walk):
@@ -575,7 +596,7 @@ class Budget(Strategy):
         if walk.peaks[index] > walk.budget_bytes:
             raise self._no_plan(walk)
         walk.settled = index
-        cost, model_peak, cuts = walk.planner.candidate_plans()[index]
+        cost, model_peak, cuts = walk.candidates[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
 
@@ -597,6 +618,7 @@ class _Walk:
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
     settled: int = None  # the candidate taken at the budget itself, without the margin
     order: list = dataclasses.field(default_factory=list)  # candidate indices, in trial order
+    candidates: list = dataclasses.field(default_factory=list)  # (cost, model peak, cuts)
 
 
 def _walk_order(candidates, scale, target):
