@@ -582,20 +582,24 @@ class Budget(Strategy):
             return None
         position = walk.order.index(details["candidate"]) + 1
         if position >= len(walk.order):
-            return self._settle(view, walk)
+            return self._settle(view, walk, plan)
         index = walk.order[position]
         cost, model_peak, cuts = walk.candidates[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
-    def _settle(self, view, walk):
+    def _settle(self, view, walk, plan):
         """No candidate fits the budget less the margin: the one with the least peak, when
         that peak fits the budget itself (the margin guards a choice between plans; below
         every plan but the least there is no choice left, and refusing would refuse budgets
-        'memory' fits), else a BudgetError."""
+        'memory' fits), else a BudgetError. Returns None when that is ``plan``, the one
+        just rewritten, else that candidate's plan to rewrite again."""
         index = min(walk.peaks, key=walk.peaks.get)
         if walk.peaks[index] > walk.budget_bytes:
             raise self._no_plan(walk)
         walk.settled = index
+        if index == plan.details["candidate"]:
+            plan.details["within_margin"] = False
+            return None
         cost, model_peak, cuts = walk.candidates[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
