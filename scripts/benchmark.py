@@ -436,6 +436,16 @@ def _try_step(make, x, tail=False):
         return None, f"{type(error).__name__}: {message}"
 
 
+def _add_step(steps, failures, label, make, x, tail=False):
+    """Try ``make()``'s step on ``x`` (`_try_step`): into ``steps[label]`` if it runs, else
+    ``(label, reason)`` into ``failures``."""
+    step, failure = _try_step(make, x, tail=tail)
+    if step is None:
+        failures.append((label, failure))
+    else:
+        steps[label] = step
+
+
 def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
     """memgrad against other tools that trade compute for memory, each in the same run."""
     rows = []
@@ -516,11 +526,7 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
             with keras.RematScope(mode=mode):
                 model = keras_chain()
             return keras_step(model, tf.GradientTape)
-        step, failure = _try_step(make, x)
-        if step is None:
-            failures.append((f"keras.RematScope(mode='{mode}')", failure))
-        else:
-            steps[f"keras.RematScope(mode='{mode}')"] = step
+        _add_step(steps, failures, f"keras.RematScope(mode='{mode}')", make, x)
     rows += _peer_rows(f"Keras functional model, {depth // 2} residual Dense layers, batch {batch}x{width}",
                        steps, x, rounds, failures)
 
@@ -560,30 +566,18 @@ def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32):
     steps, failures = {"plain": _sgd_step(variables, loss_of)}, []
     for label, checkpoints in (("memgrad 'memory'", "memory"), ("memgrad 'speed'", "speed"),
                                ("memgrad Budget(0.5)", memgrad.strategies.Budget(0.5))):
-        step, failure = _try_step(lambda c=checkpoints: _sgd_step(
+        _add_step(steps, failures, label, lambda c=checkpoints: _sgd_step(
             variables, loss_of, lambda c=c: memgrad.GradientTape(checkpoints=c)), x)
-        if step is None:
-            failures.append((label, failure))
-        else:
-            steps[label] = step
     recomputed, recomputed_variables = _residual_mlp(
         blocks, width, hidden, block_call=lambda block, h: tf.recompute_grad(block)(h))
-    step, failure = _try_step(lambda: _sgd_step(
+    _add_step(steps, failures, "tf.recompute_grad per block", lambda: _sgd_step(
         recomputed_variables, lambda t: tf.reduce_mean(tf.square(recomputed(t)))), x, tail=True)
-    if step is None:
-        failures.append(("tf.recompute_grad per block", failure))
-    else:
-        steps["tf.recompute_grad per block"] = step
     for mode in ("full", "activations"):
         def make(mode=mode):
             with keras.RematScope(mode=mode):
                 remat_forward, remat_variables = _residual_mlp(blocks, width, hidden)
             return _sgd_step(remat_variables, lambda t: tf.reduce_mean(tf.square(remat_forward(t))))
-        step, failure = _try_step(make, x)
-        if step is None:
-            failures.append((f"keras.RematScope(mode='{mode}')", failure))
-        else:
-            steps[f"keras.RematScope(mode='{mode}')"] = step
+        _add_step(steps, failures, f"keras.RematScope(mode='{mode}')", make, x)
     return _peer_rows(case, steps, x, rounds, failures)
 
 
@@ -810,11 +804,7 @@ def _loop_rows(case, steps, x, rounds, device, peer=None):
     steps, failures = dict(steps), []
     if peer is not None:
         name, make = peer
-        step, failure = _try_step(make, x, tail=True)
-        if step is None:
-            failures.append((name, failure))
-        else:
-            steps[name] = step
+        _add_step(steps, failures, name, make, x, tail=True)
     with tf.device(device):
         seconds = time_side_by_side(steps, x, rounds)
     peaks = {key: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
