@@ -93,6 +93,8 @@ def _conv_step(tape_class=tf.GradientTape):
 @pytest.mark.memory
 def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
     split = probes["mlp"]
+    # The allocator's own usage at the peak of the profiled call, rebuilt buffer by buffer.
+    assert split["total_bytes"] == pytest.approx(split["peak_bytes"], rel=0.01), split
     assert split["total_bytes"] == pytest.approx(_closest(split), rel=0.05), split
     assert split["weights"] == split["weights_expected"] > 0
     assert split["optimizer"] == split["optimizer_expected"] > 2 * split["weights"]  # two slots per weight
@@ -105,6 +107,7 @@ def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
 def test_categories_of_a_conv_net_sum_to_the_peak_and_show_what_checkpointing_removes(probes):
     found = probes["conv"]
     for name, split in found.items():
+        assert split["total_bytes"] == pytest.approx(split["peak_bytes"], rel=0.01), (name, split)
         assert split["total_bytes"] == pytest.approx(_closest(split), rel=0.05), (name, split)
         assert split["weights"] == split["weights_expected"] > 0
     activation = 32 * 32 * 32 * 16 * 4  # one conv layer's output: 2 MiB

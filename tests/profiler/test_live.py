@@ -12,8 +12,8 @@ def _alloc(address, usage, nbytes, op, shape="[1]", dtype=1):
                                     "tf_op": op, "shape": shape, "data_type": dtype})
 
 
-def _free(address, usage):
-    return (0, "MemoryDeallocation", {"addr": address, "bytes_allocated": usage})
+def _free(address, usage, nbytes=0):
+    return (0, "MemoryDeallocation", {"addr": address, "bytes_allocated": usage, "allocation_bytes": nbytes})
 
 
 def test_replay_lists_what_was_alive_at_the_highest_usage():
@@ -25,6 +25,24 @@ def test_replay_lists_what_was_alive_at_the_highest_usage():
     assert peak.other_bytes == 0
     top1 = replay(events, k=1)
     assert [t.op for t in top1.tensors] == ["b"] and top1.other_bytes == 100
+
+
+def test_a_variable_whose_storage_moves_during_the_step_is_counted_once():
+    # An assignment can adopt its value's buffer and free the variable's old one: the weight's
+    # bytes are then a buffer made during the step. Baseline: the weight (400 B) and an input (100 B).
+    weight = tf.Variable(tf.zeros([100]))
+    events = [_alloc(1, 800, 300, "dense/MatMul"), _alloc(10, 1200, 400, "sgd/mul"), _free(9, 800, 400),
+              _alloc(2, 1300, 500, "gradient_tape/dense/MatMul"), _free(2, 800, 500), _free(1, 500, 300)]
+    split = live._categorize(events, 500, [weight], [], "CPU:0", k=5)
+    assert split.peak_bytes == 1300 and split.total_bytes == 1300, split
+    assert (split.weights, split.inputs_and_other, split.activations, split.temporaries) == (400, 100, 300, 500)
+    assert "sgd/mul" not in [t.op for t in split.tensors]
+    # A new value still alive at the peak next to the old storage is a buffer of its own.
+    before = [_alloc(10, 900, 400, "sgd/mul"), _alloc(2, 1400, 500, "gradient_tape/dense/MatMul"),
+              _free(2, 900, 500), _free(9, 500, 400)]
+    split = live._categorize(before, 500, [weight], [], "CPU:0", k=5)
+    assert split.total_bytes == split.peak_bytes == 1400 and split.temporaries == 500, split
+    assert split.activations == 400  # the new value, made outside a gradient scope
 
 
 @pytest.mark.memory

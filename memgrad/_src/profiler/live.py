@@ -206,10 +206,13 @@ def _replay_live(events):
 
     Returns:
       ``(usage at the peak, [(LiveTensor, allocated bytes)] allocated during the events and
-      alive then, bytes allocated before the events and released before the peak)``.
+      alive then, bytes allocated before the events and released before the peak, how many of
+      those alive at the peak outlive the events)``. A buffer that outlives the call and takes
+      the place of one released before the peak is most often a variable's new storage (an
+      assignment that reused its value's buffer and freed the old one).
     """
-    live, released = {}, 0
-    peak_usage, peak_live, peak_released = -1, {}, 0
+    live, released = {}, []
+    peak_usage, peak_live, peak_released = -1, {}, []
     for _, kind, stats in events:
         address = stats.get("addr")
         if kind == "MemoryAllocation":
@@ -222,16 +225,31 @@ def _replay_live(events):
                 tensor = dataclasses.replace(tensor, category="temporaries")
             live[address] = (tensor, int(stats.get("allocation_bytes") or requested))
         elif live.pop(address, None) is None:  # a buffer from before the call (an input, the last step's)
-            released += int(stats.get("allocation_bytes") or 0)
+            released.append(int(stats.get("allocation_bytes") or 0))
         usage = int(stats.get("bytes_allocated") or 0)
         if usage > peak_usage:
-            peak_usage, peak_live, peak_released = usage, dict(live), released
-    return max(peak_usage, 0), list(peak_live.values()), peak_released
+            peak_usage, peak_live, peak_released = usage, dict(live), list(released)
+    survivors = [peak_live[a] for a in peak_live if a in live and live[a] is peak_live[a]]
+    return max(peak_usage, 0), list(peak_live.values()), peak_released, survivors
+
+
+def _adopted(released, survivors):
+    """The buffers alive at the peak that replaced, byte for byte, a buffer from before the call
+    released before the peak: a variable's storage moved, counted once among the weights or the
+    optimizer's state. Returns their ``id``s and the released bytes they account for."""
+    sizes = collections.Counter(released)
+    adopted, bytes_ = set(), 0
+    for entry in survivors:
+        if sizes[entry[1]] > 0:
+            sizes[entry[1]] -= 1
+            adopted.add(id(entry))
+            bytes_ += entry[1]
+    return adopted, bytes_
 
 
 def replay(events, k):
     """The `PeakTensors` of allocation events (``(time, kind, stats)``, time-ordered)."""
-    peak_usage, alive, _ = _replay_live(events)
+    peak_usage, alive, _, _ = _replay_live(events)
     tensors = sorted((t for t, _ in alive), key=lambda t: t.bytes, reverse=True)[:k]
     tensors = tuple(dataclasses.replace(t, layer=layer_of(t.op)) for t in tensors)
     return PeakTensors(peak_bytes=peak_usage, tensors=tensors,
@@ -337,8 +355,11 @@ def _shape_text(variable) -> str:
 def _categorize(events, baseline, weights, optimizer_variables, device, k):
     """`MemoryCategories` of a profiled call: its allocation ``events`` replayed to the peak,
     the usage ``baseline`` before it, and the caller's ``weights`` and ``optimizer_variables``."""
-    peak_usage, alive, released = _replay_live(events)
+    peak_usage, alive, released, survivors = _replay_live(events)
     peak_usage = max(peak_usage, baseline)
+    adopted, adopted_bytes = _adopted(released, survivors)
+    alive = [entry for entry in alive if id(entry) not in adopted]
+    released = sum(released) - adopted_bytes
     trainable = [v for v in weights if getattr(v, "trainable", True)]
     weights_bytes = sum(map(_variable_bytes, weights))
     optimizer_bytes = sum(map(_variable_bytes, optimizer_variables))
