@@ -208,3 +208,34 @@ def test_a_rebuilt_loop_body_lacks_handle_data_until_copied():
     step(tf.ones([2, 2]))
     assert found[0] == [None]  # if TensorFlow starts copying it, the patch can go
     assert found[1] == [(tf.float32, tf.TensorShape([2, 2]))]
+
+
+def test_indexed_captures_finds_the_consumers_tensorflows_scan_finds():
+    from tensorflow.python.framework.func_graph import FuncGraph
+    from tensorflow.python.ops import gradients_util
+
+    outer = tf.Graph()
+    with outer.as_default():
+        a, c = tf.constant(1.0), tf.constant(2.0)
+        inner = FuncGraph("inner")
+        with inner.as_default():
+            doubled = inner.capture(a) * 2.0
+            for i in range(50):  # other captures the scan walks past
+                inner.capture(tf.constant(float(i)))
+
+    def both(t):
+        original = gradients_util._Consumers(t, [inner])
+        with tf_internals.indexed_captures():
+            assert gradients_util._Consumers is not original
+            indexed = gradients_util._Consumers(t, [inner])
+        return original, indexed
+
+    original, indexed = both(a)
+    assert indexed == original == [doubled.op]
+    assert both(c) == ([], [])
+    with tf_internals.indexed_captures():  # a capture added inside the block is found
+        assert gradients_util._Consumers(c, [inner]) == []
+        with inner.as_default():
+            tripled = inner.capture(c) * 3.0
+        assert gradients_util._Consumers(c, [inner]) == [tripled.op]
+    assert gradients_util._Consumers.__module__ == gradients_util.__name__  # restored

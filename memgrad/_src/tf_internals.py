@@ -15,6 +15,8 @@ traceback from deep inside a technique (the TFP ones fail on first use, as TFP i
 tests/test_tf_internals.py checks each.
 """
 
+import collections
+import contextlib
 import importlib
 import os
 import warnings
@@ -140,6 +142,56 @@ unique_id = _private("tensorflow.python.framework.ops", "uid")
 for _name in ("_set_func_attr", "_set_type_list_attr", "_set_shape_list_attr",
               "_add_while_inputs", "_add_outputs"):
     _private_member(tf.Operation, _name, "tf.Operation")
+
+
+_gradients_util = _private("tensorflow.python.ops.gradients_util")
+_private_member(_gradients_util, "_Consumers", "tensorflow.python.ops.gradients_util")
+_private_member(_gradients_util, "_Captures", "tensorflow.python.ops.gradients_util")
+
+
+class _CaptureIndex:
+    """``_Consumers`` with each FuncGraph's captures indexed by the captured tensor.
+
+    TensorFlow's ``_Consumers`` (the reachability walk of every ``tf.gradients`` call inside a
+    ``tf.function``) scans the list of all of the graph's captures for each tensor it visits:
+    on a model with thousands of captured weights that scan is most of a gradient call's
+    bookkeeping, and the rewrite makes one call per segment. The answer here is the same (the
+    same consumers in the same order): the index is rebuilt whenever the graph's list of
+    captures is a new list, which TensorFlow makes on every change.
+    """
+
+    def __init__(self):
+        self._indexes = {}  # id(graph) -> (captures list the index was built from, index)
+
+    def _placeholders(self, graph, t):
+        captures = _gradients_util._Captures(graph)
+        built = self._indexes.get(id(graph))
+        if built is None or built[0] is not captures:
+            index = collections.defaultdict(list)
+            for external, internal in captures:
+                index[id(external)].append((external, internal))
+            built = self._indexes[id(graph)] = (captures, index)
+        return [internal for external, internal in built[1].get(id(t), ()) if external is t]
+
+    def consumers(self, t, func_graphs):
+        found = t.consumers()
+        for graph in func_graphs:
+            for placeholder in self._placeholders(graph, t):
+                found.extend(self.consumers(placeholder, func_graphs))
+        return found
+
+
+@contextlib.contextmanager
+def indexed_captures():
+    """Within the block, ``tf.gradients``' reachability walk looks captures up in an index
+    (`_CaptureIndex`) instead of scanning them: same gradients, built in time linear in the
+    graph. Not thread-safe, like graph construction itself."""
+    original = _gradients_util._Consumers
+    _gradients_util._Consumers = _CaptureIndex().consumers
+    try:
+        yield
+    finally:
+        _gradients_util._Consumers = original
 
 
 def graph_function_definition(graph, name):

@@ -430,4 +430,5 @@ def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gra
       (`copied_ops`, `segments`) and its loops' records (``rewrite.loops.records``).
     """
     rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients, loops)
-    return rewrite.run(grad_ys), rewrite
+    with tf_internals.indexed_captures():  # one gradient call per segment: keep each linear
+        return rewrite.run(grad_ys), rewrite
