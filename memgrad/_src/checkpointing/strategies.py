@@ -228,6 +228,7 @@ def speed_plan(view):
             else:
                 for r in region:
                     chosen.setdefault(r.ref(), r)
+    _keep_shared_recomputation(view, chosen, saved)
     plan_tensors = list(chosen.values())
     saved_bytes = sum(view.tensor_bytes(ref.deref()) for ref in saved)
     freed = sum(view.tensor_bytes(ref.deref()) for ref in saved if ref not in chosen)
@@ -243,6 +244,40 @@ def speed_plan(view):
     if not plan_tensors:
         plan.details["same_as_plain"] = True
     return plan
+
+
+def _keep_shared_recomputation(view, chosen, saved):
+    """Adds to ``chosen`` the saved tensors that more than one kept tensor would recompute.
+
+    Each kept tensor's segment recomputes the ops back to the kept tensors before it. Where
+    cheap ops chain (a DenseNet block concatenates every layer's output onto the last
+    concatenation), every later segment would recompute the whole chain again: quadratic work
+    in the block's depth. An op that two segments would recompute keeps its output instead
+    when plain backprop keeps it too (so the plan never keeps more than plain backprop).
+    """
+    xs = {t.ref() for t in view.x_tensors}
+    while True:
+        visits = {}
+        for t in chosen.values():
+            if not view.recomputable(t.op):
+                continue
+            seen, stack = set(), [t.op]
+            while stack:
+                op = stack.pop()
+                if op in seen:
+                    continue
+                seen.add(op)
+                for i in op.inputs:
+                    if i.ref() not in chosen and i.ref() not in xs and view.walkable(i.op):
+                        stack.append(i.op)
+            for op in seen - {t.op}:
+                visits[op] = visits.get(op, 0) + 1
+        shared = [out for op, count in visits.items() if count > 1 for out in op.outputs
+                  if out.ref() in saved and out.ref() not in chosen]
+        if not shared:
+            return
+        for t in shared:
+            chosen[t.ref()] = t
 
 
 def _gradient_read(view):
