@@ -1,0 +1,133 @@
+"""First-call cost: trace, plan and first step of memgrad's strategies against plain backprop.
+
+A training step's first call traces the model, builds the gradient and runs once; with memgrad
+it also analyses the graph, plans what to keep and builds the recomputation. Each first call
+runs in a fresh process (nothing traced, cached or warmed up before it), the variants take turns
+round after round, and the table shows the median of the rounds.
+
+    python scripts/first_call.py                       # a 1,024-layer chain and DenseNet169
+    python scripts/first_call.py --model chain1024 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+MODELS = {
+    "chain1024": "Keras Sequential of 1,024 Dense(64, relu) layers, batch 256x64",
+    "densenet169": "keras.applications.DenseNet169 (random init), batch 8x64x64x3",
+}
+VARIANTS = ("plain", "memory", "speed", "Budget(0.5)")  # any Budget(<fraction>) is accepted
+
+
+def _model_and_batch(name):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    if name == "chain1024":
+        model = keras.Sequential([keras.Input((64,))] + [keras.layers.Dense(64, activation="relu")
+                                                         for _ in range(1024)] + [keras.layers.Dense(1)])
+        return model, tf.random.stateless_normal([256, 64], seed=[0, 1])
+    model = keras.applications.DenseNet169(weights=None, input_shape=(64, 64, 3), classes=10)
+    return model, tf.random.stateless_normal([8, 64, 64, 3], seed=[0, 1])
+
+
+def _variant(text):
+    if text in VARIANTS[:3]:
+        return text
+    try:
+        if text.startswith("Budget(") and text.endswith(")") and 0 < float(text[7:-1]) <= 1:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected plain, memory, speed or Budget(<fraction>); received {text!r}")
+
+
+def _tape(variant):
+    import tensorflow as tf
+
+    import memgrad
+
+    if variant == "plain":
+        return tf.GradientTape()
+    if variant.startswith("Budget("):
+        return memgrad.GradientTape(checkpoints=memgrad.strategies.Budget(float(variant[7:-1])))
+    return memgrad.GradientTape(checkpoints=variant)
+
+
+def measure_one(name, variant) -> dict:
+    """Seconds of the first and second call of one SGD step (run in a fresh process)."""
+    import tensorflow as tf
+
+    import memgrad  # noqa: F401 - imported before the model, as a user's script does
+
+    model, x = _model_and_batch(name)
+
+    @tf.function
+    def step(t):
+        with _tape(variant) as tape:
+            loss = tf.reduce_mean(tf.square(model(t, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        for variable, grad in zip(model.trainable_variables, grads):
+            variable.assign_sub(1e-4 * grad)
+        return loss
+
+    start = time.perf_counter()
+    step(x).numpy()
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    step(x).numpy()
+    return {"first_s": first, "second_s": time.perf_counter() - start}
+
+
+def _in_fresh_process(name, variant) -> dict:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import first_call; "
+            "print('RESULT ' + json.dumps(first_call.measure_one(sys.argv[2], sys.argv[3])))")
+    run = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), name, variant],
+                         capture_output=True, text=True, check=False)
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    lines = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()
+    return {"failure": lines[-1][:200]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), action="append", help="default: all")
+    parser.add_argument("--variant", type=_variant, action="append",
+                        help=f"one of {', '.join(VARIANTS[:3])} or Budget(<fraction>) (default: {', '.join(VARIANTS)})")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per variant (default: 3)")
+    args = parser.parse_args(argv)
+    variants = args.variant or list(VARIANTS)
+    if "plain" not in variants:
+        variants = ["plain"] + variants
+    print("| model | variant | first call vs plain's | first call s | second call s |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in args.model or sorted(MODELS):
+        results = {variant: [] for variant in variants}
+        for _ in range(args.rounds):
+            for variant in variants:
+                results[variant].append(_in_fresh_process(name, variant))
+        plain = statistics.median(r["first_s"] for r in results["plain"] if "first_s" in r)
+        for variant in variants:
+            done = [r for r in results[variant] if "first_s" in r]
+            if not done:
+                print(f"| {MODELS[name]} | {variant} | failed: {results[variant][0]['failure']} | | |")
+                continue
+            first = statistics.median(r["first_s"] for r in done)
+            second = statistics.median(r["second_s"] for r in done)
+            print(f"| {MODELS[name]} | {variant} | {first / plain:.2f}x | {first:.1f} | {second:.2f} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
