@@ -77,3 +77,20 @@ def test_separators_of_a_residual_chain_and_cuts_of_a_skip():
     assert later and all(skip in {t.name for t in profile.cut(i)} for i in later)
     assert all(profile.live[i] >= 4 * 8 * 4 for i in later)
     assert profile.produced[-1] == sum(profile.sizes)
+
+
+def test_walk_back_copies_the_ops_between_the_seeds_and_the_stop_tensors():
+    def build(x, w):
+        a = tf.tanh(x @ w, name="a")
+        b = tf.sin(a, name="b")
+        c = tf.add(b, a, name="c")
+        loss = tf.reduce_sum(tf.cos(c), name="loss")
+        view = ForwardGraph([loss], [w])
+        names = lambda ops: sorted(op.name for op in ops)  # noqa: E731
+        ops, met = view.walk_back([c.op], {a.ref()})
+        everything, _ = view.walk_back([c.op], set())
+        return names(ops), [t.name for t in met.values()], names(everything)
+
+    ops, met, everything = _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
+    assert ops == ["b", "c"] and met == ["a:0"]  # stops at a, met once though read twice
+    assert everything == ["a", "b", "c", "matmul"]  # back to the inputs, never copied

@@ -118,21 +118,7 @@ class _Rewrite:
     # ------------------------------------------------------------------ segments
     def _walk(self, seeds):
         """Ops to recompute for `seeds`, back to the checkpoints; and the checkpoints met."""
-        view = self.view
-        seen, boundary = set(), {}
-        stack = [t.op for t in seeds]
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            for t in op.inputs:
-                ref = t.ref()
-                if ref in self.stop:
-                    boundary[ref] = t
-                elif view.walkable(t.op):
-                    stack.append(t.op)
-        return seen, boundary
+        return self.view.walk_back([t.op for t in seeds], self.stop)
 
     def _levels(self):
         """Checkpoint groups, each a level of their topological order, inputs first.

@@ -257,19 +257,11 @@ def _keep_shared_recomputation(view, chosen, saved):
     """
     xs = {t.ref() for t in view.x_tensors}
     while True:
-        visits = {}
+        stop, visits = set(chosen) | xs, {}
         for t in chosen.values():
             if not view.recomputable(t.op):
                 continue
-            seen, stack = set(), [t.op]
-            while stack:
-                op = stack.pop()
-                if op in seen:
-                    continue
-                seen.add(op)
-                for i in op.inputs:
-                    if i.ref() not in chosen and i.ref() not in xs and view.walkable(i.op):
-                        stack.append(i.op)
+            seen, _ = view.walk_back([t.op], stop)
             for op in seen - {t.op}:
                 visits[op] = visits.get(op, 0) + 1
         shared = [out for op, count in visits.items() if count > 1 for out in op.outputs

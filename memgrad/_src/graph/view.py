@@ -309,6 +309,27 @@ class ForwardGraph:
             return False
         return op in self.op_set or op not in self._data_dependent
 
+    def walk_back(self, ops, stop):
+        """The ops a recomputation of ``ops`` copies: ``ops`` and their producers, back
+        through `walkable` ops to the tensors whose refs are in ``stop``.
+
+        Returns:
+          ``(ops, met)``: the set of ops, and ``{ref: tensor}`` of the ``stop`` tensors met.
+        """
+        seen, met, stack = set(), {}, list(ops)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for t in op.inputs:
+                ref = t.ref()
+                if ref in stop:
+                    met[ref] = t
+                elif self.walkable(t.op):
+                    stack.append(t.op)
+        return seen, met
+
     def unit_of(self, op):
         """The forward ops the rewrite treats as one with ``op``.
 
