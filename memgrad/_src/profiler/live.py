@@ -206,10 +206,11 @@ def _replay_live(events):
 
     Returns:
       ``(usage at the peak, [(LiveTensor, allocated bytes)] allocated during the events and
-      alive then, bytes allocated before the events and released before the peak, how many of
-      those alive at the peak outlive the events)``. A buffer that outlives the call and takes
-      the place of one released before the peak is most often a variable's new storage (an
-      assignment that reused its value's buffer and freed the old one).
+      alive then, the sizes of the buffers allocated before the events and released before the
+      peak, and the entries alive at the peak that outlive the events)``. A buffer that
+      outlives the call and takes the place of one released before the peak is most often a
+      variable's new storage (an assignment that reused its value's buffer and freed the old
+      one).
     """
     live, released = {}, []
     peak_usage, peak_live, peak_released = -1, {}, []
