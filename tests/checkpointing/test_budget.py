@@ -297,6 +297,47 @@ def test_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits(measure):
     assert peaks[-1] < 0.6 * peaks[0], chosen  # the sweep reached real savings
 
 
+def _assigning_step(checkpoints, batch=256):
+    """A tanh chain's step applying each gradient as soon as it is made (one ``assign_sub``
+    per weight), with ``checkpoints``; and its input."""
+    weights, loss_fn_, shape = WORKLOADS["tanh_chain"](batch=batch)
+
+    @tf.function
+    def step(x):
+        loss = loss_fn_(x)
+        for w, g in zip(weights, memgrad.gradients(loss, weights, checkpoints=checkpoints)):
+            w.assign_sub(1e-6 * g)
+        return loss
+
+    return step, tf.ones(shape)
+
+
+def _median_peak(step, x, runs=3):
+    peaks = [memgrad.profiler.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
+             for _ in range(runs)]
+    return sorted(peaks)[runs // 2]
+
+
+@pytest.mark.memory
+def test_hold_gradients_false_accepts_and_holds_a_budget_near_memory_on_a_step_that_consumes_them():
+    """On a step that applies each gradient as made, the default Budget (every gradient held
+    to the end of its plan-time runs: 12 MiB of weights' gradients on top of 'memory''s few
+    MiB of activations here) refuses 5% above 'memory''s measured peak; with
+    ``hold_gradients=False`` that budget is accepted, and the step's measured peak holds it."""
+    memory = _median_peak(*_assigning_step("memory"))
+    budget = int(memory * 1.05)
+    with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least"):
+        step, x = _assigning_step(memgrad.strategies.Budget(budget))
+        step.get_concrete_function(x)
+    with memgrad.record_rewrites() as log:
+        step, x = _assigning_step(memgrad.strategies.Budget(budget, hold_gradients=False))
+        peak = _median_peak(step, x)
+    details = log[-1].plan.details
+    assert details["scale_source"] == "measured"
+    assert details["recomputed_flops"] > 0  # a real plan, not plain backprop
+    assert peak <= budget * 1.05, (peak / MiB, budget / MiB, memory / MiB)
+
+
 def _model_of(loss_fn_, weights, shape):
     out = {}
 
@@ -322,6 +363,8 @@ def test_bad_budgets_are_rejected(bad, error):
         memgrad.strategies.Budget("1MiB", margin=1.0)
     with pytest.raises(TypeError, match="scratch must be True or False. Received: 'yes'"):
         memgrad.strategies.Budget("1MiB", scratch="yes")
+    with pytest.raises(TypeError, match="hold_gradients must be True, False or None. Received: 1"):
+        memgrad.strategies.Budget("1MiB", hold_gradients=1)
 
 
 def test_budget_counts_an_xla_calls_temporary_buffer():
