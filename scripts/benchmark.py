@@ -45,6 +45,8 @@ def _sgd_step(variables, loss_of, tape=tf.GradientTape, jit_compile=None):
         with tape() as recorder:
             loss = loss_of(x)
         for variable, grad in zip(variables, recorder.gradient(loss, variables)):
+            if isinstance(grad, tf.IndexedSlices):  # an embedding's: applied densely
+                grad = tf.convert_to_tensor(grad)
             variable.assign_sub(1e-4 * grad)
         return loss
 
@@ -534,7 +536,91 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
     rows += _glow_peer_rows(rounds)
     # 4. A residual MLP of Keras layers: every memgrad strategy against the peers.
     rows += _mlp_peer_rows(rounds)
+    # 5. Models nobody here wrote: keras-hub GPT-2 and keras.applications ResNet50.
+    rows += _gpt2_peer_rows(rounds)
+    rows += _resnet50_peer_rows(rounds)
     return rows
+
+
+def _strategy_and_peer_rows(case, x, rounds, build, loss_of, recomputed_loss_of):
+    """Plain backprop, memgrad's strategies, tf.recompute_grad per block and keras.RematScope
+    on one model: ``build()`` makes it (inside a RematScope for that peer), ``loss_of(model)``
+    its loss function of the input, ``recomputed_loss_of(model)`` the same loss with each
+    block under tf.recompute_grad. Each step applies each gradient as it is made (one
+    ``assign_sub`` per variable), so the Budget is told so (``hold_gradients=False``)."""
+    model = build()
+    steps, failures = {"plain": _sgd_step(model.trainable_variables, loss_of(model))}, []
+    budget = memgrad.strategies.Budget(0.5, hold_gradients=False)
+    for label, checkpoints in (("memgrad 'memory'", "memory"), ("memgrad 'speed'", "speed"),
+                               ("memgrad Budget(0.5, hold_gradients=False)", budget)):
+        _add_step(steps, failures, label, lambda c=checkpoints: _sgd_step(
+            model.trainable_variables, loss_of(model), lambda c=c: memgrad.GradientTape(checkpoints=c)), x)
+    recomputed = build()
+    _add_step(steps, failures, "tf.recompute_grad per block", lambda: _sgd_step(
+        recomputed.trainable_variables, recomputed_loss_of(recomputed)), x, tail=True)
+    for mode in ("full", "activations"):
+        def make(mode=mode):
+            with keras.RematScope(mode=mode):
+                remat = build()
+            return _sgd_step(remat.trainable_variables, loss_of(remat))
+        _add_step(steps, failures, f"keras.RematScope(mode='{mode}')", make, x)
+    return _peer_rows(case, steps, x, rounds, failures)
+
+
+def _gpt2_peer_rows(rounds, batch=8, length=128, layers=6, hidden=384, heads=6):
+    """keras-hub's GPT2Backbone (random init, no dropout) on token ids; the loss is the mean
+    square of its sequence output. tf.recompute_grad wraps each transformer layer."""
+    import keras_hub
+
+    def build():
+        keras.utils.set_random_seed(0)
+        return keras_hub.models.GPT2Backbone(
+            vocabulary_size=1000, num_layers=layers, num_heads=heads, hidden_dim=hidden,
+            intermediate_dim=4 * hidden, dropout=0.0, max_sequence_length=length)
+
+    def forward(backbone, tokens, recompute=False):
+        h = backbone.token_embedding(tokens)
+        h = backbone.embeddings_add((h, backbone.position_embedding(h)))
+        for layer in backbone.transformer_layers:
+            h = tf.recompute_grad(layer)(h) if recompute else layer(h)
+        return backbone.layer_norm(h)
+
+    tokens = tf.random.stateless_uniform([batch, length], [0, 7], maxval=1000, dtype=tf.int32)
+    case = f"keras-hub GPT2Backbone {layers}x{hidden} (random init), batch {batch}x{length} tokens"
+    return _strategy_and_peer_rows(
+        case, tokens, rounds, build,
+        lambda m: lambda t: tf.reduce_mean(tf.square(forward(m, t))),
+        lambda m: lambda t: tf.reduce_mean(tf.square(forward(m, t, recompute=True))))
+
+
+def _resnet50_peer_rows(rounds, batch=16, size=64):
+    """keras.applications ResNet50 (weights=None, 10 classes) in training mode; the loss is
+    the mean square of its logits. tf.recompute_grad wraps each residual block (the model
+    split at every ``conv*_block*_out``: single tensors between blocks)."""
+    def build():
+        keras.utils.set_random_seed(0)
+        return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10)
+
+    def pieces(model):
+        ends = [layer.name for layer in model.layers if layer.name.endswith("_out")]
+        tensors = [model.input] + [model.get_layer(name).output for name in ends] + [model.output]
+        return [keras.Model(a, b) for a, b in zip(tensors[:-1], tensors[1:])]
+
+    def recomputed_loss_of(model):
+        parts = pieces(model)
+
+        def loss(t):
+            h = parts[0](t, training=True)
+            for part in parts[1:-1]:
+                h = tf.recompute_grad(lambda v, part=part: part(v, training=True))(h)
+            return tf.reduce_mean(tf.square(parts[-1](h, training=True)))
+        return loss
+
+    x = tf.random.stateless_normal([batch, size, size, 3], seed=[0, 11])
+    case = f"keras.applications ResNet50 (weights=None), batch {batch}x{size}x{size}x3"
+    return _strategy_and_peer_rows(
+        case, x, rounds, build,
+        lambda m: lambda t: tf.reduce_mean(tf.square(m(t, training=True))), recomputed_loss_of)
 
 
 def _residual_mlp(blocks, width, hidden, block_call=None, seed=0):
