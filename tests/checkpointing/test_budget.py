@@ -268,13 +268,15 @@ def test_a_budget_the_least_plan_fits_only_without_the_margin_is_accepted():
 @pytest.mark.parametrize("measure", [False, True])
 def test_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits(measure):
     """Over a sweep of budgets, each Budget keeps the cheapest of one shared set of candidate
-    plans whose peak fits: a smaller budget never gets less recomputation, nor (simulating,
-    where a plan's figure is the same in every trace) a larger peak; every candidate tried
-    before the one kept was over the target. Measured, the weights' gradients are counted
+    plans whose peak fits: a smaller budget never gets less recomputation (measuring, unless
+    the larger budget measured that cheaper plan over its target: measured peaks move from
+    trace to trace), nor (simulating, where a plan's figure is the same in every trace) a
+    larger peak; every candidate tried
+    that recomputes less than the one kept was over the target. Measured, the weights' gradients are counted
     alive to the end of the step (12 MiB here), so the chain is taller (2,048 rows) for the
     activations to leave room for plans between plain backprop and 'memory'."""
     step, *_ = _tanh_chain_tracer(batch=2048 if measure else 256)
-    chosen = []
+    chosen, walks = [], []
     for fraction in (1.0, 0.8, 0.6, 0.5, 0.45, 0.4):
         try:
             with memgrad.record_rewrites() as log:
@@ -284,16 +286,33 @@ def test_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits(measure):
         details = log[-1].plan.details
         assert details["predicted_bytes"] <= details["budget_bytes"]
         if details["candidate"] is not None:
-            # Plain backprop's peak and each candidate tried before, all over the target.
-            assert len(details["tried_bytes"]) >= 1
-            assert all(peak > details["target_bytes"] for peak in details["tried_bytes"])
+            # Plain backprop's peak was over the target, and so was every candidate tried
+            # that recomputes less than the one kept (the walk up from the model's guess, or
+            # a bisection where the model puts them all too far over).
+            assert details["tried_bytes"][0] > details["target_bytes"]
+            tried = log[-1].plan._budget_walk.peaks  # candidate index -> its peak
+            assert all(peak > details["target_bytes"] for index, peak in tried.items()
+                       if index < details["candidate"]), (tried, details["candidate"])
         chosen.append((fraction, details["predicted_bytes"], details["recomputed_flops"]))
+        walk = log[-1].plan._budget_walk
+        walks.append(None if walk is None else (
+            tuple(walk.candidates[details["candidate"]][2]), details["target_bytes"],
+            {tuple(walk.candidates[i][2]): peak for i, peak in walk.peaks.items()},
+            {tuple(option[2]) for option in walk.candidates}))
     assert len(chosen) >= 4, chosen
     peaks = [peak for _, peak, _ in chosen]
     flops = [cost for _, _, cost in chosen]
     if not measure:
         assert peaks == sorted(peaks, reverse=True), chosen
-    assert flops == sorted(flops), chosen
+        assert flops == sorted(flops), chosen
+    for i in range(len(chosen) - 1):
+        if flops[i + 1] < flops[i]:
+            # Measured peaks move from trace to trace: a smaller budget may keep a cheaper
+            # plan only where the larger one measured that plan over its own target, or did
+            # not have it (each budget adds the model's own plans for its target); among
+            # its own candidates, the larger budget kept the cheapest that fitted.
+            kept, (_, target, tried, candidates) = walks[i + 1][0], walks[i]
+            assert tried.get(kept, 0.0) > target or kept not in candidates, chosen
     assert peaks[-1] < 0.6 * peaks[0], chosen  # the sweep reached real savings
 
 
@@ -471,3 +490,92 @@ def test_budget_curve_accepts_budgets():
     curve = budget_curve(view, budgets=[0.01 * plain, 0.5 * plain], model=model)
     assert curve[0].predicted_bytes is None  # too small: no plan
     assert curve[1].predicted_bytes <= 0.5 * plain
+
+
+def test_prefixes_of_a_plan_run_from_one_cut_to_all_but_one():
+    from memgrad._src.checkpointing.budget import _prefixes
+
+    cuts = [3, 8, 13, 21, 34, 55, 89, 144, 233, 377]
+    prefixes = _prefixes(cuts)
+    assert 1 <= len(prefixes) <= 8
+    assert all(p == cuts[:len(p)] for p in prefixes)
+    lengths = [len(p) for p in prefixes]
+    assert lengths == sorted(set(lengths)) and lengths[0] == 1 and lengths[-1] == 9
+    assert _prefixes([5]) == [] and _prefixes([]) == [] and _prefixes(None) == []
+    assert _prefixes([2, 7]) == [[2]]
+
+
+@pytest.mark.parametrize("peaks, target, found", [
+    ([9, 8, 7, 6, 5, 4, 3, 2, 1], 6.5, 3),      # the cheapest that fits, in the middle
+    ([9, 8, 7, 6, 5, 4, 3, 2, 1], 10, 0),       # the cheapest of all fits
+    ([9, 8, 7, 6, 5, 4, 3, 2, 1], 1, 8),        # only the leanest fits
+    ([9, 8, 7, 6, 5, 4, 3, 2, 1.5], 1, None),   # none fits: settled on the least peak
+])
+def test_a_bisection_finds_the_cheapest_candidate_that_fits_in_few_measurements(
+        monkeypatch, peaks, target, found):
+    """Where the memory model puts every candidate too far over the target, the Budget
+    bisects the candidates (ordered by recomputation) by their measured peaks."""
+    from memgrad._src.checkpointing import budget as budget_module
+
+    class FakePlan:
+        def __init__(self, index):
+            self.details = {"candidate": index}
+
+    monkeypatch.setattr(budget_module.Budget, "_plan_for",
+                        lambda self, view, walk, cuts, peak, cost, index: FakePlan(index))
+    walk = budget_module._Walk(planner=None, scale=1.0, plain_bytes=10.0, budget_bytes=max(target, peaks[-1]) * 1.2,
+                               target_bytes=target, start=0.0)
+    walk.candidates = [(i, peak, [i]) for i, peak in enumerate(peaks)]
+    walk.search = (0, len(peaks))
+    strategy = budget_module.Budget(0.5)
+    plan, measured, kept = FakePlan((len(peaks) - 1) // 2), [], None
+    while plan is not None:
+        index = plan.details["candidate"]
+        if index in walk.peaks:  # rebuilt with its peak known: kept
+            kept = index
+            break
+        measured.append(index)
+        walk.peaks[index] = peaks[index]
+        following = strategy._bisect(None, walk, plan, peaks[index] <= target)
+        kept = index if following is None else kept
+        plan = following
+    assert len(measured) <= 4, measured  # ceil(log2(9)) = 4
+    if found is None:
+        assert walk.settled == min(walk.peaks, key=walk.peaks.get)
+    else:
+        assert kept == found, (measured, kept)
+
+
+def test_the_models_own_plan_measured_over_the_target_is_refined_once(monkeypatch):
+    """The model's own plan for the target measured 10% over it: the model's plan for a
+    target 10% lower (and 1%) is tried next, before the fixed candidates after it; once."""
+    from memgrad._src.checkpointing import budget as budget_module
+
+    class FakePlan:
+        def __init__(self, index):
+            self.details = {"candidate": index}
+
+    asked = []
+
+    class FakePlanner:
+        class model:
+            predict = staticmethod(lambda cuts: (80.0, 2.5))
+
+        def solve(self, budget):
+            asked.append(budget)
+            return [4, 8]
+
+    monkeypatch.setattr(budget_module.Budget, "_plan_for",
+                        lambda self, view, walk, cuts, peak, cost, index: FakePlan(index))
+    walk = budget_module._Walk(planner=FakePlanner(), scale=1.0, plain_bytes=200.0,
+                               budget_bytes=105.0, target_bytes=100.0, start=0.0)
+    walk.candidates = [(1.0, 120.0, [2]), (2.0, 100.0, [5]), (3.0, 70.0, [3, 7])]
+    walk.order, walk.own = [1, 2, 0], (100.0, [5])
+    strategy = budget_module.Budget(0.5)
+    following = strategy._refined(None, walk, FakePlan(1), peak=110.0)
+    assert asked == [pytest.approx(100.0 * 100.0 / 110.0 * 0.99)]
+    assert following.details["candidate"] == 3 and walk.candidates[3] == (2.5, 80.0, [4, 8])
+    assert walk.order == [1, 3, 2, 0]
+    assert strategy._refined(None, walk, FakePlan(1), peak=110.0) is None  # once per walk
+    walk.refined = False
+    assert strategy._refined(None, walk, FakePlan(2), peak=110.0) is None  # not the own plan
