@@ -380,13 +380,14 @@ class Budget(Strategy):
     its figure with the gradients consumed as made); a step that frees each as it is made (a
     ``variable.assign_sub(lr * grad)`` per gradient) peaks lower, by up to the size of all
     gradients: there ``hold_gradients=False`` accepts budgets the default refuses (on
-    MobileNetV3Small, 5% above 'memory''s measured peak). A fractional budget is a share of that measured peak, a byte budget is compared
-    with measured peaks, and each candidate plan's rewrite is measured the same way before
-    it is accepted. Under ``jit_compile=True`` the plan-time runs are not compiled. Where the
-    forward pass cannot run on its own (an op that writes a variable or advances a random
-    generator, an input without a static shape, no allocator statistics), the peaks are
-    simulated by Grappler instead (`simulate`), as `memgrad.profiler.predict_peak` does,
-    and failing that taken from the planner's memory model.
+    MobileNetV3Small, 5% above 'memory''s measured peak). A fractional budget is a share of
+    that measured peak, a byte budget is compared with measured peaks, and each candidate
+    plan's rewrite is measured the same way before it is accepted. Under
+    ``jit_compile=True`` the plan-time runs are not compiled. Where the forward pass cannot
+    run on its own (an op that writes a variable or advances a random generator, an input
+    without a static shape, no allocator statistics), the peaks are simulated by Grappler
+    instead (`simulate`), as `memgrad.profiler.predict_peak` does, and failing that taken
+    from the planner's memory model.
     ``plan.details['scale_source']`` says which.
 
     Args:
@@ -642,7 +643,8 @@ class Budget(Strategy):
         tried next (it recomputes less than the fixed candidates after it, which jump in
         steps of 10% of plain's peak). None when there is none, or it is a candidate already."""
         own_budget, own_cuts = walk.own
-        if walk.refined or not own_cuts or walk.candidates[plan.details["candidate"]][2] != own_cuts:
+        current = walk.candidates[plan.details["candidate"]][2]
+        if walk.refined or not own_cuts or current != own_cuts:
             return None
         walk.refined = True
         cuts = walk.planner.solve(own_budget * walk.target_bytes / peak * 0.99)
@@ -706,7 +708,7 @@ class _Walk:
     # (device, measure, simulate, kernels): how candidate rewrites' peaks are found.
     how: tuple = (None, False, False, None)
     hold: bool = None  # gradients alive to the end of the plan-time runs (`hold_gradients`)
-    tried: list = dataclasses.field(default_factory=list)  # peaks found over the target
+    tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
     settled: int = None  # the candidate taken at the budget itself, without the margin
     chosen: int = None  # the candidate a bisection found to fit, rebuilt after it
