@@ -644,7 +644,8 @@ def _residual_mlp(blocks, width, hidden, block_call=None, seed=0):
 
 def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32):
     """The residual MLP under plain backprop, memgrad's strategies, tf.recompute_grad per
-    block and keras.RematScope, each step an SGD update after the whole backward pass."""
+    block and keras.RematScope, each step an SGD update of one ``assign_sub`` per variable
+    (each applied as soon as its gradient is made)."""
     x = tf.random.stateless_normal([batch, width], seed=[0, 9])
     case = f"residual MLP, {blocks} blocks Dense({hidden}, relu) -> Dense({width}), batch {batch}x{width}"
     forward, variables = _residual_mlp(blocks, width, hidden)
