@@ -579,3 +579,39 @@ def test_the_models_own_plan_measured_over_the_target_is_refined_once(monkeypatc
     assert strategy._refined(None, walk, FakePlan(1), peak=110.0) is None  # once per walk
     walk.refined = False
     assert strategy._refined(None, walk, FakePlan(2), peak=110.0) is None  # not the own plan
+
+
+def test_a_candidate_measured_over_the_target_rescales_the_model_for_the_next():
+    """A candidate measured 30% over its scaled model peak: the candidates after it that the
+    rescaled model still puts over the target go to the end of the order, and the next one
+    tried is the cheapest predicted to fit; every candidate is still tried before none is
+    left."""
+    from memgrad._src.checkpointing.budget import _next_candidate, _Walk
+
+    walk = _Walk(planner=None, scale=2.0, plain_bytes=400.0, budget_bytes=105.0,
+                 target_bytes=100.0, start=0.0)
+    # (cost, model peak, cuts): scaled model peaks 100, 96, 90, 80, 70, 60.
+    walk.candidates = [(i, peak, [i]) for i, peak in enumerate([50, 48, 45, 40, 35, 30])]
+    walk.order = [1, 2, 3, 4, 5, 0]
+    # Candidate 1 (model 96) measured 124.8: ratio 1.3; 90*1.3 > 100, 80*1.3 > 100, 70*1.3 <= 100.
+    assert _next_candidate(walk, 1, 124.8) == 4
+    assert walk.order == [1, 4, 5, 0, 2, 3]
+    # Candidate 4 (model 70) measured 105 (ratio 1.5): 60 * 1.5 = 90 fits, so 5 is next.
+    assert _next_candidate(walk, 4, 105.0) == 5
+    assert walk.order == [1, 4, 5, 0, 2, 3]
+    # Candidate 5 (model 60) measured 200: nothing is predicted to fit, the next in order;
+    # after the last, none.
+    assert _next_candidate(walk, 5, 200.0) == 0
+    assert _next_candidate(walk, 3, 200.0) is None
+
+
+def test_a_measurement_under_the_model_keeps_the_order():
+    from memgrad._src.checkpointing.budget import _next_candidate, _Walk
+
+    walk = _Walk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=105.0,
+                 target_bytes=100.0, start=0.0)
+    walk.candidates = [(0, 120.0, [0]), (1, 99.0, [1]), (2, 90.0, [2]), (3, 80.0, [3])]
+    walk.order = [1, 2, 3, 0]
+    # Candidate 1 modelled 99, measured 101 (ratio ~1.02): 90 * 1.02 fits: next is 2.
+    assert _next_candidate(walk, 1, 101.0) == 2
+    assert walk.order == [1, 2, 3, 0]

@@ -555,8 +555,7 @@ class Budget(Strategy):
                 first = (len(candidates) - 1) // 2
             else:
                 first = walk.order[0]
-            cost, peak, cuts = candidates[first]
-            return self._plan_for(view, walk, cuts, peak, cost, index=first)
+            return self._candidate_plan(view, walk, first)
         try:
             cuts, peak, cost = planner.plan(target / scale)
         except BudgetError as error:
@@ -630,10 +629,12 @@ class Budget(Strategy):
         refined = self._refined(view, walk, plan, peak)
         if refined is not None:
             return refined
-        position = walk.order.index(details["candidate"]) + 1
-        if position >= len(walk.order):
+        index = _next_candidate(walk, details["candidate"], peak)
+        if index is None:
             return self._settle(view, walk, plan)
-        index = walk.order[position]
+        return self._candidate_plan(view, walk, index)
+
+    def _candidate_plan(self, view, walk, index):
         cost, model_peak, cuts = walk.candidates[index]
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
@@ -673,8 +674,7 @@ class Budget(Strategy):
             return None
         else:
             index = walk.chosen = hi
-        cost, model_peak, cuts = walk.candidates[index]
-        return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
+        return self._candidate_plan(view, walk, index)
 
     def _settle(self, view, walk, plan):
         """No candidate fits the budget less the margin: the one with the least peak, when
@@ -689,8 +689,7 @@ class Budget(Strategy):
         if index == plan.details["candidate"]:
             plan.details["within_margin"] = False
             return None
-        cost, model_peak, cuts = walk.candidates[index]
-        return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
+        return self._candidate_plan(view, walk, index)
 
 
 @dataclasses.dataclass
@@ -731,6 +730,27 @@ def _walk_order(candidates, scale, target):
     if start is None:
         return None
     return list(range(start, len(candidates))) + list(range(start))
+
+
+def _next_candidate(walk, index, peak):
+    """The candidate to try after ``index`` measured ``peak`` over the target, or None when
+    every candidate has been tried. The model's figures are rescaled by that measurement
+    (its peak over its scaled model peak): the candidates after it in the order that the
+    rescaled model still puts over the target are moved to the end of the order, so the
+    next one tried is the cheapest predicted to fit (they are still tried, before a
+    BudgetError, should the rescaled model be wrong). Where none is predicted to fit, the
+    next in the order."""
+    position = walk.order.index(index) + 1
+    rest = walk.order[position:]
+    if not rest:
+        return None
+    modelled = walk.candidates[index][1] * walk.scale
+    ratio = peak / modelled if modelled > 0 else 1.0
+    fitting = [i for i in rest if walk.candidates[i][1] * walk.scale * ratio <= walk.target_bytes]
+    if fitting:
+        first = rest.index(fitting[0])
+        walk.order[position:] = rest[first:] + rest[:first]
+    return walk.order[position]
 
 
 def _consumed(graph, grads):
