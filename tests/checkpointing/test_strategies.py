@@ -67,6 +67,60 @@ def test_a_user_strategy_plans_and_is_named_in_the_log():
     assert entry.plan.tensors and all(t.op.type == "AddV2" for t in entry.plan.tensors)
 
 
+class HalveUntilFew(Strategy):
+    """A user policy with the refinement hook: keep every residual sum, then, seeing each
+    rewrite, halve the kept sums while more than ``few`` are kept."""
+
+    name = "halve_until_few"
+
+    def __init__(self, few):
+        self.few, self.seen = few, []
+
+    def plan(self, view):
+        return Tensors([op.outputs[0] for op in view.activation_ops if op.type == "AddV2"]).plan(view)
+
+    def refine(self, view, plan, grads):
+        self.seen.append((len(plan.tensors), [g.graph is view.graph for g in grads]))
+        if len(plan.tensors) <= self.few:
+            return None
+        return Tensors(plan.tensors[1::2]).plan(view)
+
+
+def test_a_user_strategy_refines_its_plan_after_seeing_each_rewrite():
+    strategy = HalveUntilFew(few=3)
+    x = tf.random.stateless_normal([8, 16], seed=[5, 6])
+    with rewritten() as log:
+        reference, grads = _step(strategy)(x)
+    assert max_relative_error(reference, grads) <= 1e-5
+    # 12 sums kept, then 6, then 3: three rewrites, each seen with its graph's gradients.
+    assert [kept for kept, _ in strategy.seen] == [12, 6, 3]
+    assert all(all(same) and len(same) == 12 for _, same in strategy.seen)
+    entry = log.entries[0]
+    assert entry.mode == "halve_until_few" and entry.checkpoints == 3
+
+
+def test_a_refine_hook_that_misbehaves_is_named():
+    class ReturnsAList(HalveUntilFew):
+        def refine(self, view, plan, grads):
+            return []
+
+    class NeverSettles(HalveUntilFew):
+        def refine(self, view, plan, grads):
+            return plan
+
+    class Refuses(HalveUntilFew):
+        def refine(self, view, plan, grads):
+            raise ValueError("no plan fits 1 byte")
+
+    with pytest.raises(TypeError, match=r"ReturnsAList.refine\(view, plan, grads\) must return .*Received: list"):
+        _step(ReturnsAList(1))(tf.ones([2, 16]))
+    with pytest.raises(RuntimeError, match="NeverSettles.refine returned a new plan 64 times"):
+        _step(NeverSettles(1))(tf.ones([2, 16]))
+    # Its own error reaches the caller: not a fallback to plain backprop.
+    with pytest.raises(ValueError, match="no plan fits 1 byte"):
+        _step(Refuses(1))(tf.ones([2, 16]))
+
+
 def test_a_list_of_tensors_is_tensors_and_collection_finds_marks():
     weights, _ = residual(depth=6, width=8)
 

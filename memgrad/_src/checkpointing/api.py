@@ -15,8 +15,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
-from memgrad._src.checkpointing.budget import Budget, BudgetError
-from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, choose
+from memgrad._src.checkpointing.strategies import COLLECTION, CheckpointPlan, as_strategy, choose
 from memgrad._src.graph.view import ForwardGraph
 
 # TensorFlow's own functions, kept before any patch so memgrad never calls itself.
@@ -298,8 +297,9 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     plan = choose(view, strategy)
     loops = any(op.type in LOOP_TYPES for op in view.ops)
     if not plan.tensors and not (loops and plan.loops == "segments"):
-        # A budget plain backprop fits needs nothing kept; 'speed' found plain's own set.
-        if plan.mode != "budget" and not plan.details.get("same_as_plain"):
+        # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
+        # finding plain's own set) says so in its plan.
+        if not plan.details.get("same_as_plain"):
             warnings.warn(
                 f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
                 f"in a graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
@@ -309,27 +309,27 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         return plain()
     gradients_fn = functools.partial(
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
-    try:
-        with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
-            while True:
+    for _ in range(MAX_REFINEMENTS + 1):
+        try:
+            with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
                 grads, rewrite = rewrite_gradients(
                     view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients,
                     loops=plan.loops,
                 )
-                if not (isinstance(strategy, Budget) and strategy.refines):
-                    break
-                # The rewritten graph's own peak, measured or simulated: over the target,
-                # the next candidate plan (the rewrite just built is never run by the step:
-                # unneeded ops are pruned).
-                following = strategy.check(view, plan, grads)
-                if following is None:
-                    break
-                plan = following
-    except BudgetError:
-        raise  # the user's budget, not the rewrite, is what fails: say so
-    except _REWRITE_ERRORS as error:
-        return _fall_back(plain, plan.mode, plan,
-                          f"building the rewrite raised {type(error).__name__}: {error}")
+        except _REWRITE_ERRORS as error:
+            return _fall_back(plain, plan.mode, plan,
+                              f"building the rewrite raised {type(error).__name__}: {error}")
+        # The strategy may replace its plan once it sees the rewrite (a Budget measures its
+        # peak; the rewrite just built is never run by the step: unneeded ops are pruned).
+        # What it raises is the caller's to see (a budget no plan fits), not a fallback.
+        following = _refined(strategy, view, plan, grads)
+        if following is None:
+            break
+        plan = following
+    else:
+        raise RuntimeError(
+            f"{type(strategy).__name__}.refine returned a new plan {MAX_REFINEMENTS} times "
+            f"in a row; expected None (keep the plan) within {MAX_REFINEMENTS} rewrites.")
     lost = _lost_gradients(ys, xs, grads, grad_ys, stop_gradients)
     if lost is not None:
         return _fall_back(plain, plan.mode, plan, lost)
@@ -348,6 +348,26 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
 
 # Errors a rewrite that cannot handle a graph raises while it is built; each makes
 # memgrad.gradients fall back to plain tf.gradients for that graph, with a warning.
+# How many times a strategy's ``refine`` may replace its plan in one call.
+MAX_REFINEMENTS = 64
+
+
+def _refined(strategy, view, plan, grads):
+    """The plan ``strategy.refine`` returns after a rewrite (None: keep ``plan``)."""
+    refine = getattr(strategy, "refine", None)
+    if refine is None:
+        return None
+    following = refine(view, plan, grads)
+    if following is not None and not isinstance(following, CheckpointPlan):
+        raise TypeError(
+            f"{type(strategy).__name__}.refine(view, plan, grads) must return a "
+            f"memgrad.strategies.CheckpointPlan or None. Received: {type(following).__name__}")
+    name = getattr(strategy, "name", None)
+    if following is not None and isinstance(name, str) and not type(strategy).__module__.startswith("memgrad._src"):
+        following.mode = name
+    return following
+
+
 _REWRITE_ERRORS = (ValueError, TypeError, KeyError, LookupError, AssertionError,
                    NotImplementedError, tf.errors.OpError)
 # TensorFlow 1 control flow (tf.compat.v1 with control flow v1): frames the rewrite can

@@ -503,7 +503,7 @@ class Budget(Strategy):
 
     @property
     def refines(self):
-        """Whether `check` may replace a plan once its rewrite exists (measuring or
+        """Whether `refine` may replace a plan once its rewrite exists (measuring or
         simulating: the rewrite's own peak decides)."""
         return self.measure or self.simulate
 
@@ -521,7 +521,7 @@ class Budget(Strategy):
         """The first `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
 
         Measuring (or simulating), it is plain backprop when plain's peak fits the budget,
-        else the cheapest candidate plan; `check` moves on to the next candidate while the
+        else the cheapest candidate plan; `refine` moves on to the next candidate while the
         rewrite's peak is over the target.
         """
         start = time.perf_counter()
@@ -582,6 +582,8 @@ class Budget(Strategy):
             mode="budget", tensors=tensors, segments=len(cuts) + 1,
             activation_bytes=walk.planner.plain_bytes, estimated_bytes=peak, details=details,
         )
+        if not cuts:  # plain backprop fits the budget: the answer, not a failure to plan
+            plan.details["same_as_plain"] = True
         plan._budget_walk = walk if index is not None else None
         return plan
 
@@ -591,8 +593,9 @@ class Budget(Strategy):
                              source=walk.source)
 
     @tf.autograph.experimental.do_not_convert
-    def check(self, view, plan, grads):
-        """After the rewrite of ``plan`` made ``grads``: its measured (or simulated) peak goes
+    def refine(self, view, plan, grads):
+        """After the rewrite of ``plan`` made ``grads`` (the `Strategy` hook, called by
+        `memgrad.gradients`): its measured (or simulated) peak goes
         into ``plan.details`` (``measured_bytes`` or ``simulated_bytes``, and
         ``predicted_bytes``); returns the next candidate plan when that peak is over the
         target, else None (keep this one).

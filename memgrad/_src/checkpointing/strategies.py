@@ -47,7 +47,9 @@ class CheckpointPlan:
       estimated_bytes: estimated activation peak with this plan (kept checkpoints plus the
         largest recomputed segment).
       details: strategy-specific figures (a `Budget` records its budget, target, predicted
-        and plain peaks, recomputed FLOPs and planning time here).
+        and plain peaks, recomputed FLOPs and planning time here). ``same_as_plain=True``
+        says an empty plan is meant (plain backprop is the strategy's answer): memgrad then
+        runs plain ``tf.gradients`` without warning that nothing was worth keeping.
       loops: how the forward pass's loops (``tf.while_loop``, ``tf.scan``, Keras RNN
         layers) are differentiated: ``'segments'`` (the forward keeps every k-th step's
         state, k about sqrt(steps), and the backward replays a segment of steps at a time)
@@ -347,7 +349,8 @@ def list_plan(view, tensors):
 
 
 class Strategy:
-    """The protocol every checkpoint strategy follows: ``plan(view) -> CheckpointPlan``.
+    """The protocol every checkpoint strategy follows: ``plan(view) -> CheckpointPlan``, and
+    optionally ``refine(view, plan, grads)``.
 
     ``view`` is the read-only `memgrad.strategies.ForwardGraph` of the traced forward pass
     between ``xs`` and ``ys``: ``view.graph``, ``view.ops`` (forward ops in topological
@@ -359,6 +362,12 @@ class Strategy:
     `memgrad.gradients`, `memgrad.GradientTape`, `memgrad.enable_checkpointing` and
     `memgrad.analyze` accept any object with this method, so a user policy is a subclass (or
     any class) defining ``plan``; its ``name`` shows in `memgrad.record_rewrites` logs.
+
+    A strategy that wants to see the rewrite of its plan before it is used defines
+    ``refine``: memgrad calls it after building each rewrite, with the gradients it made (in
+    the traced graph, not yet run), and rewrites again with the plan it returns until it
+    returns None. `Budget` uses it to measure each candidate plan's peak and move on to the
+    next while it is over the budget. Errors ``refine`` raises reach the caller.
 
     Example:
       ```python
@@ -376,6 +385,22 @@ class Strategy:
     def plan(self, view):  # pragma: no cover - the protocol
         """Returns the `CheckpointPlan` for ``view`` (a `ForwardGraph`)."""
         raise NotImplementedError(f"{type(self).__name__} must define plan(view)")
+
+    def refine(self, view, plan, grads):
+        """After the rewrite of ``plan`` made ``grads``: a new plan to rewrite instead, or
+        None to keep this one (the default).
+
+        Args:
+          view: the `ForwardGraph` planned for.
+          plan: the `CheckpointPlan` just rewritten.
+          grads: the gradients its rewrite made (tensors of ``view.graph``; None where a
+            variable gets none).
+
+        Returns:
+          A `CheckpointPlan`, or None.
+        """
+        del view, plan, grads
+        return None
 
     def __repr__(self):
         return f"{type(self).__name__}()"
