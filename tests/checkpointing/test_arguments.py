@@ -110,6 +110,23 @@ def test_gradient_tape_validates_at_construction(kwargs, error, message):
         memgrad.GradientTape(**kwargs)
 
 
+@pytest.mark.parametrize("checkpoints, error, received", [
+    ("fastest", ValueError, r"Received: 'fastest'"),
+    (0.5, TypeError, r"Received: float"),
+])
+def test_enable_checkpointing_and_monkey_patch_validate_the_strategy_at_once(checkpoints, error, received):
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(error, match=rf"checkpoints must be one of.*{received}"):
+        memgrad.enable_checkpointing(model, checkpoints=checkpoints)
+    assert "train_step" not in vars(model)  # left as it was
+    original = tf.gradients
+    with pytest.raises(error, match=rf"checkpoints must be one of.*{received}"):
+        memgrad.monkey_patch(checkpoints=checkpoints)
+    assert tf.gradients is original  # nothing patched
+
+
 def test_gradient_tape_accepts_every_strategy_kind():
     for checkpoints in ("memory", "speed", "collection", [], memgrad.strategies.Budget(0.5),
                         memgrad.strategies.Speed()):

@@ -528,6 +528,10 @@ def monkey_patch(checkpoints="memory"):
     Returns:
       None.
 
+    Raises:
+      ValueError: for an unknown ``checkpoints`` string (before anything is patched).
+      TypeError: for a ``checkpoints`` of no accepted kind.
+
     Example:
       ```python
       memgrad.monkey_patch(checkpoints="memory")
@@ -535,6 +539,7 @@ def monkey_patch(checkpoints="memory"):
       memgrad.unpatch()
       ```
     """
+    as_strategy(checkpoints)  # an unknown mode or a wrong type fails here, not at a call
     with _patch_lock:
         if not _patched:
             for name, module, original in _public_gradient_aliases():

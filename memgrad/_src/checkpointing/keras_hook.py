@@ -12,6 +12,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from memgrad._src.checkpointing.strategies import as_strategy
 from memgrad._src.checkpointing.tape import GradientTape
 
 _MARK = "__memgrad_checkpoints__"  # set on the train_step functions this module makes
@@ -115,8 +116,9 @@ def enable_checkpointing(model, checkpoints="memory"):
       The same model, for chaining.
 
     Raises:
-      TypeError: ``model`` is not a `keras.Model`, or its class overrides `train_step`.
-      ValueError: ``checkpoints`` is None.
+      TypeError: ``model`` is not a `keras.Model`, its class overrides `train_step`, or
+        ``checkpoints`` is of no accepted kind.
+      ValueError: ``checkpoints`` is None or an unknown string.
       RuntimeError: the Keras backend is not TensorFlow.
 
     Example:
@@ -137,6 +139,7 @@ def enable_checkpointing(model, checkpoints="memory"):
         )
     if checkpoints is None:
         raise ValueError("checkpoints must be a strategy; use disable_checkpointing to undo.")
+    as_strategy(checkpoints)  # an unknown mode or a wrong type fails here, not in fit
     if type(model).train_step is not keras.Model.train_step:
         owner = next(c for c in type(model).__mro__ if "train_step" in vars(c))
         raise TypeError(
