@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.checkpointing.budget import _budget_error
+from memgrad._src.checkpointing.budget_planner import _budget_error
 
 W = tf.Variable(tf.ones([3, 3]))
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.checkpointing.budget import _Planner, budget_curve
+from memgrad._src.checkpointing.budget_planner import _Planner, budget_curve
 from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_probe import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
@@ -493,7 +493,7 @@ def test_budget_curve_accepts_budgets():
 
 
 def test_prefixes_of_a_plan_run_from_one_cut_to_all_but_one():
-    from memgrad._src.checkpointing.budget import _prefixes
+    from memgrad._src.checkpointing.budget_planner import _prefixes
 
     cuts = [3, 8, 13, 21, 34, 55, 89, 144, 233, 377]
     prefixes = _prefixes(cuts)

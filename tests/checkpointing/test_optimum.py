@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from memgrad._src.checkpointing.budget import _Planner
+from memgrad._src.checkpointing.budget_planner import _Planner
 from memgrad._src.graph import ForwardGraph, MemoryModel
 from tests.checkpointing.budget_workloads import dense_blocks, residual, tanh_chain, uneven
 from tests.checkpointing.exact_plans import exact_plan

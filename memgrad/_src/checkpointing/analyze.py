@@ -6,7 +6,7 @@ import time
 
 import tensorflow as tf
 
-from memgrad._src.checkpointing.budget import budget_curve
+from memgrad._src.checkpointing.budget_planner import budget_curve
 from memgrad._src.checkpointing.strategies import choose
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.graph.view import ForwardGraph

@@ -16,7 +16,7 @@ recomputed FLOPs of any set of cut positions follow in O(1) per segment:
 - the last segment runs on the original ops, with every kept tensor alive.
 
 The peak of a plan is the largest of these. `predict` evaluates one plan;
-`memgrad._src.checkpointing.budget` searches over plans.
+`memgrad._src.checkpointing.budget_planner` searches over plans.
 """
 
 import numpy as np
