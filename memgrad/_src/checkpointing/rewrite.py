@@ -120,7 +120,7 @@ class _Rewrite:
         """Ops to recompute for `seeds`, back to the checkpoints; and the checkpoints met."""
         return self.view.walk_back([t.op for t in seeds], self.stop)
 
-    def _levels(self):
+    def levels(self):
         """Checkpoint groups, each a level of their topological order, inputs first.
 
         The walk made here for each checkpoint is kept: a group's segment is the union of
@@ -152,7 +152,7 @@ class _Rewrite:
             or self.view.variable_index_of_read(t) is not None
         )
 
-    def _copy(self, ops, gate):
+    def copy(self, ops, gate):
         graph = self.graph
         mapping, op_mapping, ports = {}, {}, {}
         # Under XLA, which drops control dependencies, every port (weights too: else XLA
@@ -208,32 +208,31 @@ class _Rewrite:
         return None if index is None else self.view.x_tensors[index].ref()
 
     def run(self, grad_ys):
+        """The rewrite, step by step: the checkpoint set is selected (``__init__``); the
+        last segment is differentiated on the original ops (`last_segment`); then, for each
+        level of checkpoints from the loss back (`levels`), each segment is copied (`copy`)
+        behind its gate (`gate_for`) and differentiated (`differentiate_level`); the parts
+        are summed per x (`_Parts.results`)."""
+        parts = _Parts(self)
+        self.last_segment(grad_ys, parts)
+        previous = []
+        for level in reversed(self.levels()):
+            previous = self.differentiate_level(level, parts, previous)
+        return parts.results()
+
+    def last_segment(self, grad_ys, parts):
+        """Differentiates the last segment (from the last checkpoints to ``view.ys``) on the
+        original ops, whose activations are alive then; the gradient stops at the
+        checkpoints, and its parts go to ``parts``."""
         view = self.view
-        kept = collections.defaultdict(list)  # checkpoint ref -> gradient parts
-        # Leaf x ref -> gradient parts; an x kept as a checkpoint collects in `kept`.
-        x_parts = collections.defaultdict(list)
-
-        def route(t, grad):
-            if grad is None:
-                return
-            ref = t.ref()
-            if ref in self.checkpoints:
-                kept[ref].append(grad)
-                return
-            x_ref = self._x_ref(t)
-            if x_ref is not None:
-                x_parts[x_ref].append(grad)
-
-        # The last segment, on the original ops.
         final_ys, final_grads = [], []
         for y, dy in zip(view.ys, grad_ys):
             if y.ref() in self.checkpoints:
-                kept[y.ref()].append(dy if dy is not None else tf.ones_like(y))
+                parts.kept[y.ref()].append(dy if dy is not None else tf.ones_like(y))
             else:
                 final_ys.append(y)
                 final_grads.append(dy)
-        kept_list = list(self.checkpoints.values())
-        floating = [t for t in kept_list if is_differentiable(t.dtype)]
+        floating = [t for t in self.checkpoints.values() if is_differentiable(t.dtype)]
         # tf.gradients gives a function-call op it stops at a SymbolicGradient node (which
         # fails for XLA-compiled functions such as Keras's grouped Conv2D) and adds its
         # result to the inputs' gradients. So the last segment does not stop at a call's
@@ -248,63 +247,62 @@ class _Rewrite:
         for x, t in zip(view.xs, view.x_tensors):
             if t.ref() not in self.checkpoints or t.ref() in through:
                 leaves.setdefault(t.ref(), x)
-        if final_ys:
-            sources = stops + list(leaves.values())
+        if not final_ys:
+            return
+        grads = self.gradients_fn(
+            final_ys, stops + list(leaves.values()), grad_ys=final_grads,
+            stop_gradients=stops, **self.kwargs,
+        )
+        self.segments += 1
+        for t, grad in zip(stops, grads[: len(stops)]):
+            parts.route(t, grad)
+        for ref, grad in zip(leaves, grads[len(stops):]):
+            if grad is not None:
+                parts.x_parts[ref].append(grad)
+
+    def differentiate_level(self, level, parts, previous):
+        """Carries the gradient back through one level of checkpoints (refs), whose parts are
+        all in ``parts``: on the original op where nothing needs recomputing, through a
+        gated copy of their segment, or through a unit's own gradient. ``previous``: the
+        dense gradient parts the level after it made in its copy (the copy waits for them).
+        Returns those of this level."""
+        view = self.view
+        group = [self.checkpoints[r] for r in level if r not in self.dead and parts.kept.get(r)]
+        if not group:
+            return previous
+        incoming = {t.ref(): dense(aggregate(parts.kept[t.ref()])) for t in group}
+        direct = [t for t in group if self._differentiable_in_place(t.op)]
+        direct_refs = {t.ref() for t in direct}
+        regular = [t for t in group if view.recomputable(t.op) and t.ref() not in direct_refs]
+        atomic = [t for t in group if not view.recomputable(t.op)]
+        for op in {t.op: None for t in direct}:
+            for t, grad in self._gradient_in_place(op, incoming):
+                parts.route(t, grad)
+        if regular:
+            ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
+            mapping, ports = self.copy(ops, self.gate_for(regular, incoming, previous))
             grads = self.gradients_fn(
-                final_ys, sources, grad_ys=final_grads, stop_gradients=stops,
-                **self.kwargs,
+                [mapping[t.ref()] for t in regular], [port for _, port in ports],
+                grad_ys=[incoming[t.ref()] for t in regular], **self.kwargs,
             )
             self.segments += 1
-            for t, grad in zip(stops, grads[: len(stops)]):
-                route(t, grad)
-            for ref, grad in zip(leaves, grads[len(stops):]):
+            previous = []
+            for (t, _), grad in zip(ports, grads):
+                parts.route(t, grad)
                 if grad is not None:
-                    x_parts[ref].append(grad)
+                    previous.append(_dense_parts(grad))
+        for unit in {view.unit_of(t.op): None for t in atomic}:
+            outs = [t for t in atomic if view.unit_of(t.op) is unit]
+            for t, grad in self._unit_gradient(unit, outs, incoming):
+                parts.route(t, grad)
+        return previous
 
-        previous = []
-        for level in reversed(self._levels()):
-            group = [
-                self.checkpoints[r] for r in level
-                if r not in self.dead and kept.get(r)
-            ]
-            if not group:
-                continue
-            incoming = {t.ref(): dense(aggregate(kept[t.ref()])) for t in group}
-            direct = [t for t in group if self._differentiable_in_place(t.op)]
-            direct_refs = {t.ref() for t in direct}
-            regular = [t for t in group
-                       if view.recomputable(t.op) and t.ref() not in direct_refs]
-            atomic = [t for t in group if not view.recomputable(t.op)]
-            for op in {t.op: None for t in direct}:
-                for t, grad in self._gradient_in_place(op, incoming):
-                    route(t, grad)
-            if regular:
-                gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
-                ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
-                mapping, ports = self._copy(ops, [x for parts in gate for x in parts])
-                grads = self.gradients_fn(
-                    [mapping[t.ref()] for t in regular],
-                    [port for _, port in ports],
-                    grad_ys=[incoming[t.ref()] for t in regular],
-                    **self.kwargs,
-                )
-                self.segments += 1
-                previous = []
-                for (t, _), grad in zip(ports, grads):
-                    route(t, grad)
-                    if grad is not None:
-                        previous.append(_dense_parts(grad))
-            for unit in {view.unit_of(t.op): None for t in atomic}:
-                outs = [t for t in atomic if view.unit_of(t.op) is unit]
-                for t, grad in self._unit_gradient(unit, outs, incoming):
-                    route(t, grad)
-
-        results = []
-        for t in view.x_tensors:
-            ref = t.ref()
-            parts = (kept.get(ref, []) if ref in self.checkpoints else []) + x_parts.get(ref, [])
-            results.append(aggregate(parts) if parts else None)
-        return results
+    @staticmethod
+    def gate_for(regular, incoming, previous):
+        """The tensors a segment's copy waits for: the incoming gradients of the checkpoints
+        it recomputes, and the previous copy's gradients (so copies run one at a time)."""
+        gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
+        return [x for dense_parts in gate for x in dense_parts]
 
     def _unit_inputs(self, op):
         """The inputs of ``op``'s unit that come from outside it, once each."""
@@ -389,6 +387,40 @@ class _Rewrite:
         if t.dtype == tf.resource:
             return self.view.x_index(t) is not None
         return self._port_target(t)
+
+
+class _Parts:
+    """Gradient parts as the segments make them: per checkpoint (``kept``) and per leaf x
+    (``x_parts``, an x nothing upstream depends on)."""
+
+    def __init__(self, rewrite):
+        self.rewrite = rewrite
+        self.kept = collections.defaultdict(list)
+        self.x_parts = collections.defaultdict(list)
+
+    def route(self, t, grad):
+        """Files ``grad``, the gradient with respect to ``t``, under the checkpoint or the x
+        that ``t`` is (or reads); drops it otherwise (a constant, a parameter not asked
+        for)."""
+        if grad is None:
+            return
+        ref = t.ref()
+        if ref in self.rewrite.checkpoints:
+            self.kept[ref].append(grad)
+            return
+        x_ref = self.rewrite._x_ref(t)
+        if x_ref is not None:
+            self.x_parts[x_ref].append(grad)
+
+    def results(self):
+        """One gradient per x of the view (the sum of its parts), None where it has none."""
+        results = []
+        for t in self.rewrite.view.x_tensors:
+            ref = t.ref()
+            found = (self.kept.get(ref, []) if ref in self.rewrite.checkpoints else [])
+            found = found + self.x_parts.get(ref, [])
+            results.append(aggregate(found) if found else None)
+        return results
 
 
 def _dense_parts(grad):
