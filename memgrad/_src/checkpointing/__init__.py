@@ -2,7 +2,8 @@
 
 from memgrad._src.checkpointing.analyze import Analysis, analyze
 from memgrad._src.checkpointing.budget import Budget, BudgetError, CurvePoint, budget_curve
-from memgrad._src.checkpointing.api import Rewrite, checkpoint, gradients, monkey_patch, record_rewrites, unpatch
+from memgrad._src.checkpointing.api import Rewrite, checkpoint, gradients, record_rewrites
+from memgrad._src.checkpointing.patch import monkey_patch, unpatch
 from memgrad._src.checkpointing.keras_hook import disable_checkpointing, enable_checkpointing
 from memgrad._src.checkpointing.loops import LoopRecord
 from memgrad._src.checkpointing.marker import Checkpoint
