@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
-from memgrad._src.checkpointing.strategies import memory_plan  # noqa: E402
+from memgrad._src.checkpointing.plans import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph, MemoryModel  # noqa: E402
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS  # noqa: E402
 

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from memgrad._src.checkpointing.budget_planner import (
     BudgetError, CurvePoint, _budget_error, _Planner, budget_curve)
-from memgrad._src.checkpointing.strategies import CheckpointPlan, Strategy, _absorb_bias
+from memgrad._src.checkpointing.plans import CheckpointPlan, _absorb_bias
+from memgrad._src.checkpointing.strategies import Strategy
 from memgrad._src.graph.kernels import measuring_device
 from memgrad._src.graph.measured import measured_peak
 from memgrad._src.graph.simulate import simulate_peak

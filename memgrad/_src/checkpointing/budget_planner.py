@@ -30,7 +30,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from memgrad._src.checkpointing.strategies import _absorb_bias, _cuts_for, memory_cuts
+from memgrad._src.checkpointing.plans import _absorb_bias, _cuts_for, memory_cuts
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.units import format_bytes
 

@@ -1,0 +1,344 @@
+"""Checkpoint plans: which forward tensors to keep for the backward pass, as the built-in
+strategies choose them (`memgrad._src.checkpointing.strategies` holds the strategy objects).
+
+- `memory_plan`: separators spaced by bytes. For each number of segments k it places k - 1
+  cuts near equal shares of the activation bytes, each at the cheapest cut in its window
+  (a single-tensor separator when there is one, else the smallest set of live tensors), and
+  keeps the k whose estimated peak (kept bytes plus the largest segment) is least. On a
+  uniform chain of n layers that is about sqrt(n) checkpoints.
+- `speed_plan`: the inputs and outputs of expensive ops (matrix products, convolutions,
+  einsum), so only cheap ops are recomputed.
+- `collection_plan`: the tensors marked with `memgrad.checkpoint(t)` or the `Checkpoint`
+  layer.
+- `list_plan`: the tensors given (a checkpoint that only feeds a bias addition is moved past
+  it, see `_absorb_bias`).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from memgrad._src.graph.memory_model import gradient_reads
+from memgrad._src.graph.separators import cut_profile, single_tensor_separators
+from memgrad._src.graph.view import EXPENSIVE_TYPES
+
+COLLECTION = "checkpoints"
+# 'speed' runs plain backprop when its plan would free less than this share of what plain
+# backprop keeps for the backward pass.
+SPEED_MIN_SAVING = 0.05
+
+
+@dataclasses.dataclass
+class CheckpointPlan:
+    """What a strategy chose, with the estimates that led to it.
+
+    Attributes:
+      mode: the strategy's name (`'memory'`, `'speed'`, `'collection'` or `'list'`).
+      tensors: the checkpoints, in forward order.
+      separators: single-tensor separators found (filled by `'memory'`).
+      segments: the number of segments the checkpoints cut the forward into.
+      activation_bytes: estimated bytes of all activations (what plain backprop may keep).
+      estimated_bytes: estimated activation peak with this plan (kept checkpoints plus the
+        largest recomputed segment).
+      details: strategy-specific figures (a `Budget` records its budget, target, predicted
+        and plain peaks, recomputed FLOPs and planning time here). ``same_as_plain=True``
+        says an empty plan is meant (plain backprop is the strategy's answer): memgrad then
+        runs plain ``tf.gradients`` without warning that nothing was worth keeping.
+      loops: how the forward pass's loops (``tf.while_loop``, ``tf.scan``, Keras RNN
+        layers) are differentiated: ``'segments'`` (the forward keeps every k-th step's
+        state, k about sqrt(steps), and the backward replays a segment of steps at a time)
+        or ``'kept'`` (TensorFlow's own loop gradient: every step's intermediates are kept).
+    """
+
+    mode: str
+    tensors: list
+    separators: list = dataclasses.field(default_factory=list)
+    segments: int = 1
+    activation_bytes: float = 0.0
+    estimated_bytes: float = 0.0
+    details: dict = dataclasses.field(default_factory=dict)
+    loops: str = "segments"
+
+
+# Ops that add a parameter to their input: a checkpoint is moved past them (see _absorb).
+_BIAS_TYPES = frozenset({"BiasAdd", "Add", "AddV2"})
+
+
+def _absorb_bias(view, tensors):
+    """Move each checkpoint that only feeds a bias addition to that addition's output.
+
+    Keeping `conv(x)` and recomputing `conv(x) + b` from it costs the same memory as
+    keeping `conv(x) + b`, and a checkpoint between a convolution and its bias would put
+    their gradients in two segments. oneDNN's graph pass fuses those two gradients
+    (Conv2DBackpropFilter with BiasAddGrad) into one node regardless, which then depends
+    on itself through the segment gate: a cycle. So checkpoints never split that pair.
+    """
+    moved = {}
+    for t in tensors:
+        while True:
+            consumers = [c for c in t.consumers() if view.is_forward(c)]
+            if len(consumers) != 1 or consumers[0].type not in _BIAS_TYPES:
+                break
+            op = consumers[0]
+            others = [i for i in op.inputs if i.ref() != t.ref()]
+            if len(others) != 1 or view.is_activation(others[0]):
+                break
+            t = op.outputs[0]
+        moved.setdefault(t.ref(), t)
+    return list(moved.values())
+
+
+def _plan_estimate(profile, cuts):
+    """Kept bytes (the union of the cuts' tensors) plus the largest segment's bytes."""
+    total = float(profile.produced[-1]) if len(profile.produced) else 0.0
+    if not len(cuts):
+        return total, total
+    cuts = np.asarray(sorted(cuts), dtype=np.int64)
+    first = np.searchsorted(cuts, profile.births)
+    kept_mask = first < len(cuts)
+    kept_mask[kept_mask] &= cuts[first[kept_mask]] < profile.deaths[kept_mask]
+    kept = float(profile.sizes[kept_mask].sum())
+    bounds = np.concatenate([[0.0], profile.produced[cuts], [total]])
+    largest = float(np.max(np.diff(bounds)))
+    return kept + largest, kept
+
+
+def _cuts_for(profile, segments):
+    produced, live = profile.produced, profile.live
+    n = len(produced)
+    total = float(produced[-1])
+    half = total / (2 * segments)
+    cuts = []
+    for j in range(1, segments):
+        target = total * j / segments
+        lo = int(np.searchsorted(produced, target - half, side="left"))
+        hi = int(np.searchsorted(produced, target + half, side="right"))
+        lo, hi = max(lo, 0), min(hi, n - 1)
+        if hi <= lo:
+            continue
+        window = live[lo:hi]
+        best = window.min()
+        candidates = np.flatnonzero(window <= best * 1.0001) + lo
+        pick = candidates[np.argmin(np.abs(produced[candidates] - target))]
+        cuts.append(int(pick))
+    return sorted(set(cuts))
+
+
+def memory_cuts(profile):
+    """The 'memory' strategy's cut positions on a `cut_profile`: separators spaced by bytes,
+    with the number of segments that minimises the estimate.
+
+    Returns:
+      `(estimate, cuts)`; `cuts` is empty when no plan beats keeping everything.
+    """
+    n = len(profile.ops)
+    total = float(profile.produced[-1]) if n else 0.0
+    best = (total, [])
+    if n >= 3 and total > 0:
+        max_segments = min(n, 2 * int(math.isqrt(n)) + 3)
+        for segments in range(2, max_segments + 1):
+            cuts = _cuts_for(profile, segments)
+            if not cuts:
+                continue
+            estimate, _ = _plan_estimate(profile, cuts)
+            if estimate < best[0] * 0.999:
+                best = (estimate, cuts)
+    return best
+
+
+def memory_plan(view):
+    """Separators spaced by bytes, with the number of segments that minimises the estimate.
+
+    Args:
+      view: a `memgrad._src.graph.ForwardGraph`.
+
+    Returns:
+      A `CheckpointPlan`; its `tensors` are empty when no plan beats keeping everything.
+    """
+    separators = single_tensor_separators(view)
+    profile = cut_profile(view)
+    n = len(profile.ops)
+    total = float(profile.produced[-1]) if n else 0.0
+    estimate, cuts = memory_cuts(profile)
+    chosen = {}
+    for c in cuts:
+        for t in profile.cut(c):
+            chosen.setdefault(t.ref(), t)
+    order = {op: i for i, op in enumerate(profile.ops)}
+    tensors = _absorb_bias(view, list(chosen.values()))
+    tensors.sort(key=lambda t: (order.get(t.op, -1), t.value_index))
+    return CheckpointPlan(
+        mode="memory", tensors=tensors, separators=separators, segments=len(cuts) + 1,
+        activation_bytes=total, estimated_bytes=estimate,
+    )
+
+
+def _plan_from_tensors(view, mode, tensors, absorb=True):
+    if absorb:
+        tensors = _absorb_bias(view, tensors)
+    profile = cut_profile(view)
+    total = float(profile.produced[-1]) if len(profile.ops) else 0.0
+    position = {op: i for i, op in enumerate(profile.ops)}
+    cuts = sorted({position[t.op] for t in tensors if t.op in position})
+    estimate, _ = _plan_estimate(profile, cuts) if cuts else (total, total)
+    return CheckpointPlan(
+        mode=mode, tensors=list(tensors), segments=len(cuts) + 1, activation_bytes=total,
+        estimated_bytes=estimate,
+    )
+
+
+def speed_plan(view):
+    """Keep what no expensive op (MatMul, BatchMatMul, Conv*, Einsum) has to run again for,
+    and never more than plain backprop keeps.
+
+    The inputs of expensive ops that their gradients read are kept (plain backprop keeps
+    them too), so every expensive op's gradient runs on the original op. An expensive op's
+    output is kept only when it is itself read by a gradient, or when it is smaller than the
+    tensors plain backprop would keep in the cheap ops it feeds (its "cheap region": bias,
+    normalisation, activations, residual sums, up to the next expensive op): then the region
+    is recomputed from it. Otherwise the region's saved tensors are kept as plain backprop
+    keeps them, and nothing is recomputed there. A bias and ReLU after a matrix product keep
+    nothing new (ReLU's output is the next product's input); a GELU's intermediates are
+    recomputed from the product's output. When the plan would free less than
+    `SPEED_MIN_SAVING` (5%) of what plain backprop keeps, it is empty and plain
+    `tf.gradients` runs (no rewrite, no warning): the rewrite's bookkeeping would cost about
+    what it saves.
+    """
+    saved = _gradient_read(view)
+    chosen = {}
+    expensive = [op for op in view.activation_ops if op.type in EXPENSIVE_TYPES]
+    for op in expensive:
+        for t in op.inputs:
+            if view.is_activation(t) and t.dtype.is_floating and t.ref() in saved:
+                chosen.setdefault(t.ref(), t)
+    for op in expensive:
+        for t in view.activation_outputs(op):
+            if t.ref() in chosen:
+                continue
+            if t.ref() in saved:
+                chosen[t.ref()] = t
+                continue
+            region = _cheap_region_saved(view, t, saved, chosen)
+            if sum(view.tensor_bytes(r) for r in region) > view.tensor_bytes(t):
+                chosen[t.ref()] = t
+            else:
+                for r in region:
+                    chosen.setdefault(r.ref(), r)
+    _keep_shared_recomputation(view, chosen, saved)
+    plan_tensors = list(chosen.values())
+    saved_bytes = sum(view.tensor_bytes(ref.deref()) for ref in saved)
+    freed = sum(view.tensor_bytes(ref.deref()) for ref in saved if ref not in chosen)
+    added = sum(view.tensor_bytes(t) for ref, t in chosen.items() if ref not in saved)
+    if freed - added < SPEED_MIN_SAVING * saved_bytes:
+        # Nearly everything plain backprop keeps would be kept: the rewrite's own
+        # bookkeeping would cost about what it saves.
+        plan_tensors = []
+    # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
+    # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
+    plan = _plan_from_tensors(view, "speed", plan_tensors, absorb=False)
+    plan.loops = "kept"  # a loop's steps are not recomputed either
+    if not plan_tensors:
+        plan.details["same_as_plain"] = True
+    return plan
+
+
+def _keep_shared_recomputation(view, chosen, saved):
+    """Adds to ``chosen`` the saved tensors that more than one kept tensor would recompute.
+
+    Each kept tensor's segment recomputes the ops back to the kept tensors before it. Where
+    cheap ops chain (a DenseNet block concatenates every layer's output onto the last
+    concatenation), every later segment would recompute the whole chain again: quadratic work
+    in the block's depth. An op that two segments would recompute keeps its output instead
+    when plain backprop keeps it too (so the plan never keeps more than plain backprop).
+    """
+    xs = {t.ref() for t in view.x_tensors}
+    while True:
+        stop, visits = set(chosen) | xs, {}
+        for t in chosen.values():
+            if not view.recomputable(t.op):
+                continue
+            seen, _ = view.walk_back([t.op], stop)
+            for op in seen - {t.op}:
+                visits[op] = visits.get(op, 0) + 1
+        shared = [out for op, count in visits.items() if count > 1 for out in op.outputs
+                  if out.ref() in saved and out.ref() not in chosen]
+        if not shared:
+            return
+        for t in shared:
+            chosen[t.ref()] = t
+
+
+def _gradient_read(view):
+    """Refs of the activation tensors some forward op's gradient reads (what plain backprop
+    keeps for the backward pass)."""
+    read = set()
+    for op in view.activation_ops:
+        ins, outs = gradient_reads(op)
+        # (Indices past the op's own inputs or outputs can come from the probe's cache,
+        # which ops of one signature share.)
+        for i in ins:
+            if i < len(op.inputs) and view.is_activation(op.inputs[i]):
+                read.add(op.inputs[i].ref())
+        for j in outs:
+            if j < len(op.outputs):
+                read.add(op.outputs[j].ref())
+    return read
+
+
+def _cheap_region_saved(view, tensor, saved, kept):
+    """The tensors gradients read among those computed from ``tensor`` by cheap forward ops
+    (up to expensive ops and kept tensors), not already kept."""
+    found, seen, stack = {}, set(), [tensor]
+    while stack:
+        t = stack.pop()
+        for consumer in t.consumers():
+            if (consumer in seen or consumer.type in EXPENSIVE_TYPES
+                    or not view.is_activation_op(consumer)):
+                continue
+            seen.add(consumer)
+            for out in consumer.outputs:
+                if out.ref() in kept or view.is_interior(out) or not out.dtype.is_floating:
+                    continue
+                if out.ref() in saved:
+                    found.setdefault(out.ref(), out)
+                stack.append(out)
+    return list(found.values())
+
+
+def collection_plan(view, collection=COLLECTION):
+    """Keep the tensors marked with `memgrad.checkpoint` that lie in this forward pass."""
+    marked = view.graph.get_collection(collection)
+    tensors = [t for t in marked if isinstance(t, tf.Tensor) and view.is_forward(t.op)]
+    if not tensors:
+        raise ValueError(
+            "checkpoints='collection' found no marked tensor between xs and ys. Mark "
+            "tensors with memgrad.checkpoint(t) or the memgrad.layers.Checkpoint layer "
+            f"inside the traced function. Received: {len(marked)} marked tensors in the "
+            "graph, none of them on a path from xs to ys."
+        )
+    return _plan_from_tensors(view, "collection", tensors)
+
+
+def list_plan(view, tensors):
+    """Keep exactly the given tensors; each must be a forward tensor of this graph."""
+    checked = []
+    for t in tensors:
+        if not tf.is_symbolic_tensor(t):
+            raise TypeError(
+                "checkpoints must be 'memory', 'speed', 'collection' or a list of graph "
+                f"tensors. Received an element of type {type(t).__name__}: {t!r}"
+            )
+        if t.graph is not view.graph:
+            raise ValueError(
+                f"Checkpoint {t.name} belongs to another graph than ys. Received a tensor "
+                "from a different tf.function or graph."
+            )
+        if not view.is_forward(t.op):
+            raise ValueError(
+                f"Checkpoint {t.name} is not on a path from xs to ys, so it cannot split "
+                "the backward pass. Expected tensors computed from xs that ys depend on."
+            )
+        checked.append(t)
+    return _plan_from_tensors(view, "list", checked)
