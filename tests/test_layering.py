@@ -123,6 +123,13 @@ def test_nothing_below_the_cli_imports_the_cli_or_the_zoo():
     assert bad == []
 
 
+def test_the_cli_uses_only_public_memgrad():
+    bad = [f"{module} imports {target}" for module, targets in IMPORTS.items()
+           if _under(module, ["memgrad.cli"])
+           for target in targets if _under(target, ["memgrad._src"])]
+    assert bad == []
+
+
 def test_the_zoo_uses_only_public_memgrad_and_never_the_name_models():
     bad = [f"{module} imports {target}" for module, targets in IMPORTS.items()
            if _under(module, ["memgrad_zoo"])

@@ -19,7 +19,7 @@ import os
 import platform
 import sys
 
-from memgrad._src.profiler.live import CATEGORIES
+from memgrad.profiler import CATEGORIES
 from memgrad.cli.report import format_budget, format_categories, format_oom, format_table, format_top, one_line, plot
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
@@ -40,7 +40,7 @@ class _Budget(collections.namedtuple("_Budget", "text bytes")):
 
 
 def _budget(text: str) -> _Budget:
-    from memgrad._src.units import parse_bytes
+    from memgrad.profiler import parse_bytes
 
     try:
         value = parse_bytes(text)
@@ -141,7 +141,7 @@ def _onednn_under_a_cap() -> bool:
     launcher (``memgrad_profile``) and `_rerun_with_exact_cpu_stats` turn oneDNN off under a
     cap unless ``TF_ENABLE_ONEDNN_OPTS`` is set.
     """
-    from memgrad._src.tf_internals import onednn_enabled
+    from memgrad.profiler import onednn_enabled
 
     return bool(os.environ.get(CAP_VARIABLE)) and bool(onednn_enabled())
 
@@ -237,7 +237,11 @@ def time_steps(entries, rounds=TIMED_ROUNDS, round_s=0.1):
     import statistics
     import time
 
-    from memgrad._src.profiler.measure import _sync
+    import tensorflow as tf
+
+    def _sync():  # kernels launch asynchronously on a GPU: wait for them before the clock
+        if tf.config.list_logical_devices("GPU"):
+            tf.test.experimental.sync_devices()
 
     if not entries:
         return []
@@ -277,7 +281,7 @@ def _profile_point(step, inputs, model, device, repeats, k):
     """
     import time
 
-    from memgrad._src.profiler.live import memory_by_category
+    from memgrad.profiler import memory_by_category
 
     worst, first_s = None, None
     for repeat in range(repeats):
@@ -293,7 +297,7 @@ def _profile_point(step, inputs, model, device, repeats, k):
 def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, rows, top):
     import tensorflow as tf
 
-    from memgrad._src.profiler.live import oom_report
+    from memgrad.profiler import oom_report
     from memgrad.cli import sweep
 
     for depth in depths:
@@ -413,7 +417,7 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
     """
     import concurrent.futures
 
-    from memgrad._src.profiler import max_batch_size
+    from memgrad.profiler import max_batch_size
 
     predictions = {strategy: predict_budget_batch(spec, strategy, depth, budget) for strategy in strategies}
 
@@ -448,7 +452,7 @@ def predict_budget_batch(spec, strategy, depth, budget):
     (`predict_max_batch_size`), or ``(None, reason)`` if the prediction failed."""
     import tensorflow as tf
 
-    from memgrad._src.profiler import predict_max_batch_size
+    from memgrad.profiler import predict_max_batch_size
     from memgrad.cli.sweep import build_model, input_batch, training_step
 
     try:
@@ -481,8 +485,7 @@ def main(argv=None) -> int:
         print("memgrad-profile: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # one clear line, never a traceback
-        from memgrad._src.profiler.emulated import CappedRunError
-        from memgrad._src.profiler.measure import MemoryStatsUnavailableError
+        from memgrad.profiler import CappedRunError, MemoryStatsUnavailableError
         from memgrad.cli.sweep import ProfileError
 
         expected = (ProfileError, ValueError, CappedRunError, MemoryStatsUnavailableError, OSError)
@@ -498,7 +501,7 @@ def _run(args) -> int:
     import tensorflow as tf
 
     import memgrad
-    from memgrad._src.profiler import resolve_device
+    from memgrad.profiler import resolve_device
     from memgrad.cli import sweep
 
     try:  # one op at a time: a step's peak is then the same from one run to the next

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from memgrad._src.units import format_bytes
+from memgrad.profiler import format_bytes
 
 
 # What each column of the table means, printed once under it.
@@ -62,7 +62,7 @@ _CATEGORY_LABELS = {"weights": "weights", "optimizer": "optimizer state", "input
 
 def format_categories(rows, depth, batch_size) -> str:
     """The memory-by-category lines of each strategy at one point (MiB at the step's peak)."""
-    from memgrad._src.profiler.live import CATEGORIES
+    from memgrad.profiler import CATEGORIES
 
     chosen = [r for r in rows if r["depth"] == depth and r["batch_size"] == batch_size and r["categories"]]
     where = f"depth {'-' if depth is None else depth}, batch {batch_size}"
@@ -78,9 +78,9 @@ def format_categories(rows, depth, batch_size) -> str:
 
 def _tensor_lines(tensors) -> list:
     """The profiler's lines for tensors in their JSON form (`LiveTensor.as_dict`)."""
-    from memgrad._src.profiler.live import LiveTensor, _tensor_line
+    from memgrad.profiler import LiveTensor
 
-    return [_tensor_line(LiveTensor(**t)) for t in tensors]
+    return [str(LiveTensor(**t)) for t in tensors]
 
 
 def format_top(strategy, found) -> str:
@@ -172,7 +172,7 @@ def _half_spread(row) -> float:
 
 def _plot_categories(ax, rows, plt) -> None:
     """Stacked bars: each strategy's peak by category at the deepest depth, first batch size."""
-    from memgrad._src.profiler.live import CATEGORIES
+    from memgrad.profiler import CATEGORIES
 
     depths = [r["depth"] for r in rows if r["depth"] is not None]
     depth = max(depths) if depths else None

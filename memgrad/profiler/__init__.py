@@ -12,9 +12,12 @@ Example:
   ```
 
 `memgrad.profiler.workloads` holds small reference training steps to try it on.
+`CATEGORIES` names what a step's peak holds, in the order `memory_by_category` reports it:
+weights, optimizer state, inputs and other, activations, gradients, temporaries.
 """
 
 from memgrad._src.profiler import (
+    CATEGORIES,
     BatchPrediction,
     BatchSearch,
     CappedRun,
@@ -34,6 +37,7 @@ from memgrad._src.profiler import (
     max_batch_size,
     measure,
     memory_by_category,
+    onednn_enabled,
     oom_report,
     predict_max_batch_size,
     predict_peak,
@@ -43,6 +47,7 @@ from memgrad._src.profiler import (
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = [
+    "CATEGORIES",
     "BatchPrediction",
     "BatchSearch",
     "CappedRun",
@@ -63,6 +68,7 @@ __all__ = [
     "max_batch_size",
     "measure",
     "memory_by_category",
+    "onednn_enabled",
     "oom_report",
     "predict_max_batch_size",
     "predict_peak",

@@ -85,3 +85,25 @@ def test_no_events_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(live, "_allocation_events", lambda space, device: [])
     with pytest.raises(RuntimeError, match="recorded no allocation"):
         largest_live_tensors(tf.function(lambda x: x * 2.0), args=(tf.ones([4]),), device="CPU:0")
+
+
+def test_a_live_tensor_prints_as_one_report_line():
+    from memgrad.profiler import LiveTensor
+
+    named = LiveTensor(op="model/dense/MatMul", shape="[512,256]", dtype="float32", bytes=524288,
+                       layer="model/dense", category="activations")
+    assert str(named) == "   512.00 KiB  float32   [512,256]            model/dense  [activations]"
+    # No layer: the op names it; no category: none shown.
+    assert str(LiveTensor(op="MatMul", shape="[2]", dtype="float32", bytes=8)) == (
+        "          8 B  float32   [2]                  MatMul")
+
+
+def test_onednn_enabled_follows_the_environment_when_it_says():
+    import os
+
+    import memgrad
+
+    said = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if said not in ("0", "1"):
+        pytest.skip("TF_ENABLE_ONEDNN_OPTS unset: TensorFlow decides by the CPU")
+    assert memgrad.profiler.onednn_enabled() is (said == "1")

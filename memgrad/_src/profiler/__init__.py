@@ -7,9 +7,11 @@ from memgrad._src.profiler.measure import (
     default_device,
     exact_cpu_stats_enabled,
     measure,
+    onednn_enabled,
     resolve_device,
 )
 from memgrad._src.profiler.live import (
+    CATEGORIES,
     LiveTensor,
     MemoryCategories,
     OutOfMemoryError,
@@ -24,6 +26,7 @@ from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = [
+    "CATEGORIES",
     "BatchPrediction",
     "BatchSearch",
     "CappedRun",
@@ -43,6 +46,7 @@ __all__ = [
     "PeakTensors",
     "max_batch_size",
     "measure",
+    "onednn_enabled",
     "memory_by_category",
     "oom_report",
     "predict_max_batch_size",

@@ -53,6 +53,12 @@ class LiveTensor:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def __str__(self) -> str:
+        """One line of a report: size, dtype, shape, layer (or op), and category if known."""
+        where = self.layer or self.op
+        return f"  {format_bytes(self.bytes):>11}  {self.dtype:<9} {self.shape:<20} {where}" + (
+            f"  [{self.category}]" if self.category else "")
+
 
 @dataclasses.dataclass(frozen=True)
 class PeakTensors:
@@ -79,17 +85,12 @@ class PeakTensors:
     def __str__(self) -> str:
         lines = [f"peak {format_bytes(self.peak_above_baseline_bytes)} above the "
                  f"{format_bytes(self.baseline_bytes)} held before the step; largest tensors alive at the peak:"]
-        lines += [_tensor_line(t) for t in self.tensors]
+        lines += [str(t) for t in self.tensors]
         lines.append(f"  {format_bytes(self.other_bytes):>11}  everything else (weights, inputs, smaller tensors)")
         return "\n".join(lines)
 
 
-def _tensor_line(t) -> str:
-    where = t.layer or t.op
-    return f"  {format_bytes(t.bytes):>11}  {t.dtype:<9} {t.shape:<20} {where}" + (
-        f"  [{t.category}]" if t.category else "")
-
-
+# What a step's peak memory holds, in the order `MemoryCategories` reports it.
 CATEGORIES = ("weights", "optimizer", "inputs_and_other", "activations", "gradients", "temporaries")
 
 
@@ -149,7 +150,7 @@ class MemoryCategories:
             lines.append(f"  {name.replace('_', ' '):<17} {format_bytes(value):>11}  {share:6.1%}")
         if self.tensors:
             lines.append("largest tensors alive at the peak:")
-            lines += [_tensor_line(t) for t in self.tensors]
+            lines += [str(t) for t in self.tensors]
         return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import warnings
 
 import tensorflow as tf
 
+from memgrad._src import tf_internals
 from memgrad._src.arguments import positional_args
 from memgrad._src.profiler.report import MemoryReport
 
@@ -104,6 +105,25 @@ def _warn_if_coarse(device: str) -> None:
             "before running any TensorFlow op (or start Python with TF_CPU_ALLOCATOR_USE_BFC=true).",
             stacklevel=3,
         )
+
+
+def onednn_enabled() -> bool:
+    """Whether this TensorFlow runs oneDNN's custom CPU kernels.
+
+    TensorFlow turns them on by itself on CPUs with AVX-512 (``TF_ENABLE_ONEDNN_OPTS=0``
+    turns them off, ``=1`` on). Measured peaks differ with them: oneDNN's convolution
+    gradients need no large working set, Eigen's do, and under oneDNN the CPU allocator's
+    statistics can be coarser (see docs/profiler.md).
+
+    Returns:
+      True when they are on.
+
+    Example:
+      ```python
+      print("oneDNN", "on" if memgrad.profiler.onednn_enabled() else "off")
+      ```
+    """
+    return bool(tf_internals.onednn_enabled())
 
 
 def _sync() -> None:
