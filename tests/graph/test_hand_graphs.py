@@ -1,0 +1,122 @@
+"""Separators, cut profiles, the memory model and Grappler's simulation on graphs small
+enough that every figure is worked out by hand in the comments."""
+
+import tensorflow as tf
+
+from memgrad._src.graph import ForwardGraph, cut_profile, single_tensor_separators
+from memgrad._src.graph.memory_model import MemoryModel, gradient_reads
+from memgrad._src.graph.simulate import simulate_peak
+
+KIB256 = 256 * 256 * 4  # bytes of a float32 [256, 256]
+
+
+def _traced(build, spec):
+    """``build(x)`` (returning ``(y, found)``) traced on a placeholder; ``found``."""
+    found = {}
+
+    @tf.function(autograph=False)
+    def fn(x):
+        y, found["value"] = build(x)
+        return y
+
+    fn.get_concrete_function(spec)
+    return found["value"]
+
+
+def _diamond(x):
+    """x -> a = tanh -> b = sin(a), c = cos(a) -> d = b + c -> y = sum(d); float32 [2, 3]:
+    24 bytes per tensor, 4 for y."""
+    a = tf.tanh(x, name="a")
+    d = tf.add(tf.sin(a, name="b"), tf.cos(a, name="c"), name="d")
+    y = tf.reduce_sum(d, name="y")
+    return y, ForwardGraph([y], [x])
+
+
+def _chain(x):
+    """x -> t0 .. t3 = tanh -> y = sum; float32 [256, 256]: 256 KiB per tanh output."""
+    h = x
+    for i in range(4):
+        h = tf.tanh(h, name=f"t{i}")
+    y = tf.reduce_sum(h, name="y")
+    return y, ForwardGraph([y], [x])
+
+
+def test_the_separators_of_a_diamond_are_its_two_ends_not_its_branches():
+    def build(x):
+        y, view = _diamond(x)
+        return y, [t.name for t in single_tensor_separators(view)]
+
+    assert _traced(build, tf.TensorSpec([2, 3])) == ["a:0", "d:0", "y:0"]
+
+
+def test_the_cut_profile_of_a_diamond_counts_what_each_position_leaves_alive():
+    def build(x):
+        y, view = _diamond(x)
+        profile = cut_profile(view)
+        return y, ([op.name for op in profile.ops], profile.live.tolist(),
+                   [[t.name for t in profile.cut(i)] for i in range(5)])
+
+    ops, live, cuts = _traced(build, tf.TensorSpec([2, 3]))
+    assert ops == ["a", "b", "c", "d", "y"]
+    # After a: {a}; after b: {a, b} (c still reads a); after c: {b, c}; after d: {d};
+    # after y: {y} (an output lives to the end).
+    assert live == [24, 48, 48, 24, 4]
+    assert cuts == [["a:0"], ["a:0", "b:0"], ["b:0", "c:0"], ["d:0"], ["y:0"]]
+
+
+def test_gradient_reads_follow_tensorflows_gradient_functions():
+    def build(x):
+        y, view = _diamond(x)
+        return y, {op.type: gradient_reads(op) for op in view.activation_ops}
+
+    reads = _traced(build, tf.TensorSpec([2, 3]))
+    assert reads["Tanh"] == (frozenset(), frozenset({0}))   # 1 - tanh^2: its output
+    assert reads["Sin"] == (frozenset({0}), frozenset())    # cos(a): its input
+    assert reads["Cos"] == (frozenset({0}), frozenset())
+    assert reads["AddV2"] == (frozenset(), frozenset())     # reads neither
+    assert reads["Sum"] == (frozenset({1}), frozenset())    # its axis (a constant) only
+
+
+def test_the_memory_model_of_a_chain_by_hand():
+    def build(x):
+        y, view = _chain(x)
+        m = MemoryModel(view)
+        return y, dict(saved=m.saved.tolist(), plain=m.predict([]), cut=m.predict([1]),
+                       cut_bytes=[m.cut_bytes(p) for p in range(4)],
+                       kept=[t.name for t in m.tensors_for([1])],
+                       single=m.segment_flops(0, 1), segment=m.segment_flops(-1, 1))
+
+    got = _traced(build, tf.TensorSpec([256, 256]))
+    # Each tanh's gradient reads its output; the sum's reads no activation.
+    assert got["saved"] == [KIB256] * 4 + [0]
+    assert got["cut_bytes"] == [KIB256] * 4
+    # Plain backprop: the four saved outputs, plus the widest gradient step, the sum's (its
+    # input's gradient and its output's: 256 KiB + 4 bytes); nothing recomputed.
+    assert got["plain"] == (4 * KIB256 + KIB256 + 4, 0.0)
+    # A cut after t1 keeps t1. Segment t0..t1, recomputed: t0 and t1 saved plus one tanh's
+    # gradient step (3 x 256 KiB). The last segment, t2..y: t1 kept, t2 and t3 saved, the
+    # sum's step (4 x 256 KiB + 4), the peak. Recomputed: t0 and t1, 65,536 FLOPs each.
+    assert got["cut"] == (4 * KIB256 + 4, 2 * 256 * 256)
+    assert got["kept"] == ["t1:0"]
+    assert got["single"] == 0.0  # one op is differentiated in place, not recomputed
+    assert got["segment"] == 2 * 256 * 256
+
+
+def test_grappler_simulates_what_is_alive_together():
+    @tf.function(autograph=False)
+    def concat(x):
+        a = tf.tanh(x)
+        return tf.reduce_sum(tf.concat([a, a * 2.0], 0))
+
+    @tf.function(autograph=False)
+    def one(x):
+        return tf.reduce_sum(tf.tanh(x))
+
+    spec = tf.TensorSpec([256, 256])
+    for fn, above in ((concat, 4 * KIB256), (one, KIB256 + 4)):
+        graph = fn.get_concrete_function(spec).graph
+        peak = simulate_peak(graph, graph.outputs)
+        # concat: a and a * 2 (256 KiB each) are alive while their concatenation (512 KiB)
+        # is made. one: the tanh and the 4-byte sum.
+        assert peak.input_bytes == KIB256 and peak.variable_bytes == 0
+        assert peak.peak_above_baseline_bytes == above, fn
