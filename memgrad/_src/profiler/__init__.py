@@ -14,14 +14,11 @@ from memgrad._src.profiler.live import (
     CATEGORIES,
     LiveTensor,
     MemoryCategories,
-    OutOfMemoryError,
-    OutOfMemoryReport,
     PeakTensors,
-    explain_oom,
     largest_live_tensors,
     memory_by_category,
-    oom_report,
 )
+from memgrad._src.profiler.oom import OutOfMemoryError, OutOfMemoryReport, explain_oom, oom_report
 from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.units import format_bytes, parse_bytes
 

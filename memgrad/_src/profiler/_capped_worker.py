@@ -19,7 +19,7 @@ def call_capped(target, kwargs, explain=False, k=10):
     try:
         function(**kwargs)
     except tf.errors.ResourceExhaustedError as error:
-        from memgrad._src.profiler.live import _first_line
+        from memgrad._src.profiler.oom import _first_line
 
         result = {"status": "oom", "message": _first_line(error)}
     else:
@@ -28,7 +28,7 @@ def call_capped(target, kwargs, explain=False, k=10):
     if explain:  # once more, under the profiler, with the failed call's buffers released
         import gc
 
-        from memgrad._src.profiler.live import oom_report
+        from memgrad._src.profiler.oom import oom_report
 
         gc.collect()
         report = oom_report(function, kwargs=kwargs, k=k, device="CPU:0")

@@ -154,7 +154,8 @@ def _report_from_dict(data):
     """An `OutOfMemoryReport` rebuilt from its ``as_dict`` form (``None`` stays ``None``)."""
     if not data:
         return None
-    from memgrad._src.profiler.live import LiveTensor, MemoryCategories, OutOfMemoryReport
+    from memgrad._src.profiler.live import LiveTensor, MemoryCategories
+    from memgrad._src.profiler.oom import OutOfMemoryReport
 
     memory = dict(data["memory"])
     memory["tensors"] = tuple(LiveTensor(**t) for t in memory["tensors"])
