@@ -155,6 +155,12 @@ def test_budget_validates_at_construction(args, kwargs, error, message):
         memgrad.strategies.Budget(*args, **kwargs)
 
 
+def test_a_budget_shows_what_it_was_given():
+    assert repr(memgrad.strategies.Budget(0.5)) == "Budget(0.5)"
+    assert repr(memgrad.strategies.Budget("64MiB")) == "Budget('64.00 MiB')"
+    assert repr(memgrad.strategies.Budget(1024)) == "Budget('1.00 KiB')"
+
+
 def test_budget_error_names_a_fraction_when_one_fits():
     error = _budget_error(budget_bytes=100, smallest_feasible_bytes=450, plain_bytes=1000, margin=0.1,
                           fraction=0.1)

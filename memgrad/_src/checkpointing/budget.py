@@ -20,7 +20,7 @@ from memgrad._src.checkpointing.strategies import Strategy
 from memgrad._src.graph.kernels import measuring_device
 from memgrad._src.graph.measured import measured_peak
 from memgrad._src.graph.simulate import simulate_peak
-from memgrad._src.units import parse_bytes
+from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 

@@ -19,7 +19,6 @@ are not modelled.
 """
 
 import dataclasses
-import math
 import time
 
 import tensorflow as tf
