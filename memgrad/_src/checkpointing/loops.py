@@ -29,13 +29,17 @@ Whatever the way, the gradient is TensorFlow's gradient of the same steps: equal
 """
 
 import dataclasses
-import math
 import warnings
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing.loop_ops import (
+    _attr_function, _attr_shapes, _attr_types, _dense, _empty_like_list, _loop_copy, _nothing,
+    _relaxed, _shape_tensor, _waiting)
+from memgrad._src.checkpointing.loop_segments import (  # noqa: F401 - the tests read two here
+    _dividing_segment_length, _segment_length, _sizes, _static_int, _steps_estimate)
 from memgrad._src.graph.kernels import called_functions
 
 LOOP_TYPES = frozenset({"While", "StatelessWhile"})
@@ -104,21 +108,6 @@ def stateful_op_in(op):
     return None
 
 
-def _static_int(tensor):
-    """The value of a scalar integer tensor known at trace time (a constant, or the max/min
-    of one, as Keras's RNN gives its loop), or None."""
-    value = tf.get_static_value(tensor)
-    op = tensor.op
-    if value is None and op.type in ("Max", "Min") and len(op.inputs) == 2:
-        data, axis = (tf.get_static_value(t) for t in op.inputs)
-        if data is not None and axis is not None:
-            reduce = data.max if op.type == "Max" else data.min
-            value = reduce(axis=tuple(int(a) for a in tf.nest.flatten(axis.tolist())))
-    if value is None or getattr(value, "ndim", 0) != 0:
-        return None
-    return int(value)
-
-
 def _unwrapped(tensor):
     while tensor.op.type == "Identity":
         tensor = tensor.op.inputs[0]
@@ -164,171 +153,6 @@ def _variable_kinds(op, body, grads):
             return None, (f"loop variable {i} is a list the body grows ({writer.type}), "
                           "so a segment cannot start from its initial value")
     return kinds, ""
-
-
-def _steps_estimate(op):
-    """A likely number of steps for a loop with no static bound: the length of a list it
-    reads or writes (a TensorArray's size), else 1024. Only the segment length depends on it."""
-    lengths = []
-    for t in op.inputs:
-        if t.op.type == "TensorListReserve":
-            lengths.append(_static_int(t.op.inputs[1]))
-        elif t.op.type == "TensorListFromTensor":
-            lengths.append(t.op.inputs[0].shape[0] if t.op.inputs[0].shape.rank else None)
-    lengths = [n for n in lengths if n]
-    return max(lengths) if lengths else 1024
-
-
-def _segment_length(steps, state_bytes=0, step_bytes=0):
-    """Steps per segment: the k minimising the kept states (steps / k of ``state_bytes``)
-    plus one replayed segment's intermediates (k of ``step_bytes``), k = sqrt(steps *
-    state_bytes / step_bytes). A loop whose state is small beside what one step keeps for its
-    gradient (an RNN: h and c against every gate) gets shorter segments; k stays at least
-    half of sqrt(steps), since every segment costs a loop launch in the backward. Without
-    sizes, k = ceil(sqrt(steps))."""
-    root = math.isqrt(max(steps - 1, 0)) + 1
-    if state_bytes <= 0 or step_bytes <= 0:
-        return max(1, root)
-    best = round(math.sqrt(steps * state_bytes / step_bytes))
-    return max(1, min(steps, max(best, (root + 1) // 2)))
-
-
-def _dividing_segment_length(steps, state_bytes=0, step_bytes=0):
-    """The divisor of ``steps`` nearest (in the memory it keeps) to `_segment_length`'s
-    choice, or None when no divisor keeps under twice what that choice keeps."""
-    target = _segment_length(steps, state_bytes, step_bytes)
-    state, step = (state_bytes, step_bytes) if state_bytes > 0 and step_bytes > 0 else (1, 1)
-
-    def kept(k):
-        return steps / k * state + k * step
-
-    shortest = (math.isqrt(max(steps - 1, 0)) + 2) // 2 if state_bytes > 0 else 1
-    divisors = [d for d in range(max(1, shortest), steps + 1) if steps % d == 0]
-    best = min(divisors, key=lambda d: (kept(d), d))
-    if kept(best) > 2 * kept(target):
-        return None
-    return best
-
-
-def _static_bytes(tensors):
-    """Bytes of the tensors whose shapes are fully known; None if any is not."""
-    total = 0
-    for t in tensors:
-        if t.dtype == tf.variant or t.dtype == tf.resource:
-            continue
-        if not t.shape.is_fully_defined():
-            return None
-        total += t.shape.num_elements() * t.dtype.size
-    return total
-
-
-_NOT_KEPT_PER_STEP = frozenset({
-    "Const", "Identity", "Placeholder", "NoOp", "Shape", "Size", "Rank", "StopGradient",
-    "TensorListGetItem", "TensorListSetItem", "TensorListPushBack", "TensorListPopBack",
-    "TensorListElementShape", "TensorListLength"})
-
-
-def _sizes(body, kinds):
-    """``(state_bytes, step_bytes)``: the loop's carried state and the outputs of one step's
-    ops (what its gradient may keep per step), 0 where a shape is not static."""
-    state = _static_bytes(body.inputs[i] for i, kind in enumerate(kinds) if kind == "state")
-    step = 0
-    for o in body.get_operations():
-        if o.type in _NOT_KEPT_PER_STEP:
-            continue
-        size = _static_bytes(t for t in o.outputs if t.dtype.is_floating)
-        if size is None:
-            return 0, 0
-        step += size
-    return state or 0, step
-
-
-# ---------------------------------------------------------------------- building blocks
-def _attr_types(dtypes):
-    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-        type=[d.as_datatype_enum for d in dtypes]))
-
-
-def _attr_shapes(shapes):
-    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-        shape=[tf.TensorShape(s).as_proto() for s in shapes]))
-
-
-def _attr_function(name):
-    return attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=name))
-
-
-def _loop_copy(op, inputs, attrs, name):
-    """A new `While` op like ``op`` on ``inputs``, ready for `tf_internals.while_gradient`.
-
-    Its body and condition are fresh FuncGraphs with names of their own: the gradient
-    renames and redefines them (to add accumulators), which must not clash between copies.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    types = [t.dtype for t in inputs]
-    with graph.device(op.device) if op.device else _nothing():
-        copy = graph.create_op(op.type, inputs, types, name=name, attrs=attrs)
-    _give_fresh_graphs(copy)
-    return copy
-
-
-_FUNCTION_GRAPHS = {
-    "While": (("body", "_body_graph"), ("cond", "_cond_graph")),
-    "StatelessWhile": (("body", "_body_graph"), ("cond", "_cond_graph")),
-    "If": (("then_branch", "_true_graph"), ("else_branch", "_false_graph")),
-    "StatelessIf": (("then_branch", "_true_graph"), ("else_branch", "_false_graph")),
-}
-
-
-def _give_fresh_graphs(op):
-    """Attaches fresh FuncGraphs with unique names to ``op`` and to every loop or conditional
-    nested in them.
-
-    TensorFlow's gradient of a loop or conditional rewrites its functions under the name
-    ``<function>_rewritten``; functions it rebuilds from the library keep the library's name.
-    Two copies of a loop differentiated in one graph (two memgrad calls, or a nested loop
-    replayed in two segments) would then define one name twice, differently. The resource
-    inputs of the rebuilt functions get the handle data of the op's (TensorFlow's rebuild of
-    a loop's functions leaves it out, and a nested loop then gives a variable it reads a
-    zero gradient).
-    """
-    if op.type in _FUNCTION_GRAPHS:
-        if op.type.endswith("While"):
-            shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")]
-        else:
-            shapes = [t.shape for t in op.inputs[1:]]
-        pairs = [(op.get_attr(key).name, cached) for key, cached in _FUNCTION_GRAPHS[op.type]]
-    elif op.type in ("Case", "StatelessCase"):
-        shapes = [t.shape for t in op.inputs[1:]]
-        pairs = [(f.name, f"_branch_graph_{i}") for i, f in enumerate(op.get_attr("branches"))]
-    else:
-        return
-    inputs = op.inputs if op.type.endswith("While") else op.inputs[1:]
-    for name, cached in pairs:
-        function = tf_internals.function_graph_of(op, shapes, name)
-        function.name = f"{name}_memgrad_{tf_internals.unique_id()}"
-        for outer, inner in zip(inputs, function.inputs):
-            tf_internals.copy_handle_data(outer, inner)
-        setattr(op, cached, function)
-        for inner in function.get_operations():
-            _give_fresh_graphs(inner)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _waiting(tensors, prerequisites):
-    """``tensors`` that only exist once every prerequisite does (a control dependency)."""
-    prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
-    if not prerequisites:
-        return list(tensors)
-    with tf.control_dependencies(prerequisites):
-        return [tf.identity(t) if t.dtype != tf.resource else t for t in tensors]
 
 
 # ---------------------------------------------------------------------- gradients
@@ -623,31 +447,3 @@ def _writes_at_step_index(body, i):
     return len(other) == 1 and tf.get_static_value(other[0]) == 1
 
 
-def _dense(grad):
-    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
-
-
-def _relaxed(tensor):
-    return tf.TensorShape([]) if tensor.dtype == tf.variant else tf.TensorShape(None)
-
-
-def _shape_tensor(shape):
-    """A TensorList element shape: the static shape, -1 for unknown dimensions."""
-    shape = tf.TensorShape(shape)
-    if shape.rank is None:
-        return tf.constant(-1, tf.int32)
-    return tf.constant([-1 if d is None else d for d in shape.as_list()], tf.int32)
-
-
-def _empty_like_list(handle, inner):
-    """An item-less TensorList as long as the list ``handle`` (the body reads it as
-    ``inner``), or None if the body never reads an item of it."""
-    dtypes = {c.get_attr("element_dtype") for c in inner.consumers()
-              if "element_dtype" in c.node_def.attr}
-    if len(dtypes) != 1:
-        return None
-    return tf.raw_ops.TensorListReserve(
-        element_shape=tf.raw_ops.TensorListElementShape(input_handle=handle,
-                                                        shape_type=tf.int32),
-        num_elements=tf.raw_ops.TensorListLength(input_handle=handle),
-        element_dtype=dtypes.pop())
