@@ -20,6 +20,9 @@ import platform
 import sys
 
 from memgrad.profiler import CATEGORIES
+from memgrad.cli.budget import find_budget_batches
+from memgrad.cli.timing import (  # noqa: F401 - TIMED_ROUNDS: the tests read it here
+    SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS, _time_side_by_side, time_steps)
 from memgrad.cli.report import format_budget, format_categories, format_oom, format_table, format_top, one_line, plot
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
@@ -52,10 +55,6 @@ def _budget(text: str) -> _Budget:
     return _Budget(text, value)
 
 
-# Timed rounds per point, and fewer for slow steps (steps of seconds vary little).
-TIMED_ROUNDS = 7
-SLOW_STEP_ROUNDS = 3
-SLOW_STEP_S = 0.4
 FAST_STEP_S = 0.2  # steps faster than this are timed side by side (rebuilt after profiling)
 
 
@@ -218,57 +217,6 @@ def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress
     return rows
 
 
-def time_steps(entries, rounds=TIMED_ROUNDS, round_s=0.1):
-    """Times steps side by side: each round runs every step in turn, so the steps share the
-    machine's slow and fast moments and their ratios hold still.
-
-    Args:
-      entries: ``(step, inputs, first_s)`` per step: the step (already traced), its
-        arguments and a first estimate of one call's time, which sets its calls per round.
-      rounds: timed rounds (`SLOW_STEP_ROUNDS` at most when a step is slower than
-        `SLOW_STEP_S` seconds).
-      round_s: the least time each step runs per round.
-
-    Returns:
-      ``[(seconds per step, spread, round means)]`` in the order of ``entries``: the median
-      of the step's round means, their spread (largest minus smallest mean, over the median),
-      and the means themselves.
-    """
-    import statistics
-    import time
-
-    import tensorflow as tf
-
-    def _sync():  # kernels launch asynchronously on a GPU: wait for them before the clock
-        if tf.config.list_logical_devices("GPU"):
-            tf.test.experimental.sync_devices()
-
-    if not entries:
-        return []
-    per_round = [max(1, min(1000, int(round_s / max(first_s, 1e-6)) + 1)) for _, _, first_s in entries]
-    if max(first_s for _, _, first_s in entries) > SLOW_STEP_S:
-        rounds = min(rounds, SLOW_STEP_ROUNDS)
-    means = [[] for _ in entries]
-    collecting = gc.isenabled()
-    gc.disable()  # as timeit does: no collector pause lands in one strategy's round
-    try:
-        for _ in range(rounds):
-            for index, (step, inputs, _) in enumerate(entries):
-                start = time.perf_counter()
-                for _ in range(per_round[index]):
-                    step(*inputs)
-                _sync()
-                means[index].append((time.perf_counter() - start) / per_round[index])
-    finally:
-        if collecting:
-            gc.enable()
-    results = []
-    for found in means:
-        median = statistics.median(found)
-        results.append((median, (max(found) - min(found)) / median if median else 0.0, found))
-    return results
-
-
 def _profile_point(step, inputs, model, device, repeats, k):
     """The step's peak, memory by category and largest tensors, from the same profiled step.
 
@@ -340,43 +288,6 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
             _time_side_by_side(spec, depth, batch_size, fast)
 
 
-
-def _time_side_by_side(spec, depth, batch_size, fast):
-    """Rebuilds the fast steps of one point and times them together (`time_steps`); each row
-    gets ``ms_per_step``, ``time_spread`` and its round means for a paired overhead. If they do
-    not fit together, each is timed alone."""
-    import tensorflow as tf
-
-    from memgrad.cli import sweep
-
-    if not fast:
-        return
-    group = object()
-    workloads = []
-    try:
-        for row, first_s in fast:
-            step, inputs, model = sweep.workload(spec, row["strategy"], depth, batch_size)
-            for _ in range(3):  # traces, then warms up (the allocator grows its regions at first)
-                step(*inputs)
-            workloads.append((row, step, inputs, model, first_s))
-        timed = time_steps([(step, inputs, first_s) for _, step, inputs, _, first_s in workloads])
-    except tf.errors.ResourceExhaustedError:
-        workloads.clear()
-        sweep.release()
-        for row, first_s in fast:
-            step, inputs, model = sweep.workload(spec, row["strategy"], depth, batch_size)
-            step(*inputs)
-            ((seconds, spread, _),) = time_steps([(step, inputs, first_s)])
-            row.update(ms_per_step=seconds * 1e3, time_spread=spread)
-            del step, inputs, model
-            sweep.release()
-        return
-    for (row, *_), (seconds, spread, means) in zip(workloads, timed):
-        row.update(ms_per_step=seconds * 1e3, time_spread=spread, _round_means=means, _timed_with=group)
-    workloads.clear()
-    sweep.release()
-
-
 def _add_ratios(rows):
     """Each row's memory and time relative to plain backprop at the same point.
 
@@ -400,72 +311,6 @@ def _add_ratios(rows):
     for row in rows:
         row.pop("_round_means", None)
         row.pop("_timed_with", None)
-
-
-def find_budget_batches(spec, strategies, depth, rows, budget):
-    """The largest batch per strategy that fits ``budget`` bytes on the emulated device.
-
-    The search starts from a guess extrapolated from the sweep's measured peak at the same
-    depth, then every answer is a batch that actually ran under the cap (`max_batch_size`).
-    Next to it, the batch `predict_max_batch_size` predicts from traced steps alone, with no
-    run (``None`` where the prediction failed).
-
-    Returns:
-      A list of dicts: ``strategy``, ``depth``, ``budget_bytes``, ``batch_size`` (largest that
-      ran), ``first_failing`` (smallest that did not, or ``None``), ``probes``, ``vs_plain``,
-      ``predicted_batch_size``, ``prediction_error`` (why it is ``None``, else ``None``).
-    """
-    import concurrent.futures
-
-    from memgrad.profiler import max_batch_size
-
-    predictions = {strategy: predict_budget_batch(spec, strategy, depth, budget) for strategy in strategies}
-
-    def search_one(strategy):
-        measured = [r for r in rows if r["strategy"] == strategy and r["depth"] == depth
-                    and not r["out_of_memory"]]
-        guess = None
-        if measured:
-            row = max(measured, key=lambda r: r["batch_size"])
-            guess = max(1, min(1 << 16, int(row["batch_size"] * budget / max(row["peak_bytes"], 1))))
-        kwargs = {"source": spec.source, "strategy": strategy, "depth": depth, "width": spec.width}
-        search = max_batch_size("memgrad.cli.sweep:capped_step", budget, kwargs,
-                                high=1 << 16, start=guess, rtol=0.05)
-        failing = [p.kwargs["batch_size"] for p in search.probes if not p.fits]
-        return {"strategy": strategy, "depth": depth, "budget_bytes": search.limit_bytes,
-                "batch_size": search.batch_size, "first_failing": min(failing) if failing else None,
-                "probes": len(search.probes)}
-
-    # Each probe is a subprocess that mostly imports TensorFlow or waits out an allocation
-    # failure: two strategies' searches at a time.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(search_one, strategies))
-    plain = next((r["batch_size"] for r in results if r["strategy"] == "plain"), None)
-    for result in results:
-        result["vs_plain"] = result["batch_size"] / plain if plain else None
-        result["predicted_batch_size"], result["prediction_error"] = predictions[result["strategy"]]
-    return results
-
-
-def predict_budget_batch(spec, strategy, depth, budget):
-    """``(largest batch predicted to fit budget bytes, None)`` from traced steps of one model
-    (`predict_max_batch_size`), or ``(None, reason)`` if the prediction failed."""
-    import tensorflow as tf
-
-    from memgrad.profiler import predict_max_batch_size
-    from memgrad.cli.sweep import build_model, input_batch, training_step
-
-    try:
-        model = build_model(spec, strategy, depth)
-        step = training_step(model, strategy)
-        one = input_batch(model, 1, spec)
-
-        def build(batch_size):
-            return step, tuple(tf.TensorSpec([batch_size, *t.shape[1:]], t.dtype) for t in one)
-
-        return predict_max_batch_size(build, budget, high=1 << 16).batch_size, None
-    except Exception as error:  # noqa: BLE001 - a prediction must never stop the measured search
-        return None, one_line(error)
 
 
 def main(argv=None) -> int:
