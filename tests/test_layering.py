@@ -1,4 +1,4 @@
-"""The house's import rules (issue 19): dependencies point one way, the zoo cannot collide.
+"""The house's import rules: dependencies point one way, the zoo cannot collide; no module is long.
 
 Every ``import`` in memgrad/ and models/ (function-level ones included) is read from the
 source with `ast`, so a late import cannot hide a dependency.
@@ -166,3 +166,20 @@ print("ok", memgrad_zoo.__file__)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ok")
     assert os.path.join("models", "__init__.py") in done.stdout  # the repository folder, renamed
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_library_or_the_zoo_is_over_500_lines():
+    long = []
+    for folder in ("memgrad", "models"):
+        for directory, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(directory, name)
+                    with open(path, encoding="utf-8") as source:
+                        count = sum(1 for _ in source)
+                    if count > MAX_MODULE_LINES:
+                        long.append(f"{os.path.relpath(path, ROOT)}: {count} lines")
+    assert long == [], "split these modules: " + "; ".join(long)
