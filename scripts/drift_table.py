@@ -6,7 +6,7 @@ error ``||g_rev - g_plain|| / ||g_plain||`` over the input's and every weight's 
 ``g_plain`` is plain autodiff (tf.GradientTape) of the same forward computation, and the
 relative error of ``stack.inverse(stack(x))``. Configurations:
 
-- ``float32``: activations carried and couplings computed in float32 (memgrad before issue 23);
+- ``float32``: activations carried and couplings computed in float32 (memgrad before `invertible_dtype` existed);
 - ``float64``: ``invertible_dtype="float64"`` (the default under a float32 policy);
 - ``anchor k``: float32, with an exact activation kept every k blocks (k-block stacks in a row);
 - ``sigmoid``: affine couplings with Glow's bounded scale instead of ``exp``, float32.

@@ -1,4 +1,4 @@
-"""`.keras` files saved by memgrad 0.1 (layout before issue 19: zoo imported as `models`,
+"""`.keras` files saved by memgrad 0.1 (the earlier layout: zoo imported as `models`,
 implementation under memgrad.checkpointing, ...) still load and compute the same outputs.
 
 The files were made by tests/data/make_v0_1_fixtures.py at commit 2a9ab58.

@@ -1,4 +1,4 @@
-"""TF1-style users: reference variables, Session graphs, collections and tf_keras (issue-25 ports).
+"""TF1-style users: reference variables, Session graphs, collections and tf_keras.
 
 `tf.compat.v1.disable_v2_behavior()` is process-wide, so the behaviours run in one fresh
 process (`tests/checkpointing/tf1_session_probe.py`, started by tests/conftest.py) and this

@@ -1,4 +1,4 @@
-"""Made the .keras files in this folder with memgrad 0.1 at commit 2a9ab58, before the #19 layout
+"""Made the .keras files in this folder with memgrad 0.1 at commit 2a9ab58, before the current layout
 (zoo imported as `models`, implementation under memgrad.checkpointing etc.). Kept for reference;
 it runs only against that layout. tests/test_saved_files.py checks they still load."""
 import os, sys

@@ -1,4 +1,4 @@
-"""predict_peak / predict_max_batch_size: a traced step's peak without running it (issue 21)."""
+"""predict_peak / predict_max_batch_size: a traced step's peak without running it."""
 
 import keras
 import pytest

@@ -1,7 +1,7 @@
 """Activation memory of a reversible stack does not grow with depth; plain backprop's does.
 
 The stacks carry their activations in float64 around their float32 networks (the default
-``invertible_dtype="auto"``, issue 23): measured 50 -> 50 MiB eager and 30 -> 34 MiB in a graph
+``invertible_dtype="auto"``): measured 50 -> 50 MiB eager and 30 -> 34 MiB in a graph
 from 8 to 64 additive blocks, against 31 -> 32 and 26 -> 26 MiB with a float32 carry.
 """
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.memory
 HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f or g: 4 MiB
 # oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs with
 # AVX-512); BFC is turned off explicitly, since importing memgrad asks for it when the variable
-# is unset (issue 24; the probe then read BFC's slack: 58-66 vs 70-84 MiB at 8 vs 64 blocks).
+# is unset (the probe then read BFC's slack: 58-66 vs 70-84 MiB at 8 vs 64 blocks).
 # One process per kind.
 FRESH_PROCESSES = {
     kind: dict(target="tests.reversible.memory_probe:peaks", args=[[kind], [8, 64]],

@@ -1,4 +1,4 @@
-"""Fine-tuning workloads for issue 22, and their step peaks in a fresh process.
+"""Fine-tuning workloads and their step peaks in a fresh process.
 
 ResNet50 and MobileNetV2 from keras.applications (weights=None) under a trainable head, and a
 keras-hub BERT backbone (random init, no preset) with trainable adapters between its frozen

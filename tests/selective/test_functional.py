@@ -1,4 +1,4 @@
-"""LeanFunctional (issue 22): same outputs and gradients as Keras's runner, .keras round trip,
+"""LeanFunctional: same outputs and gradients as Keras's runner, .keras round trip,
 nested models, intermediates released, and converted keras-hub / keras.applications models."""
 
 import keras
