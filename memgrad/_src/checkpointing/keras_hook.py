@@ -95,15 +95,9 @@ def enable_checkpointing(model, checkpoints="memory"):
     silently replaced): use `memgrad.GradientTape` inside that `train_step` instead.
 
     Caveats:
-      - XLA: ``jit_compile`` stays as the user set it, in either order of this call and
-        `compile` (``'auto'`` included, which Keras resolves to XLA on a GPU). Each
-        recomputation is gated on its incoming gradient by a data dependency, which XLA
-        keeps, so the saving holds under XLA (measured on CPU; see docs/checkpointing.md).
-      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
-        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
-        and their outputs are kept, so the gradients belong to the forward's own random
-        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
-        are recomputed and give the same values.
+      - Those of `memgrad.gradients`, which this calls: XLA and stateful ops.
+      - ``jit_compile`` stays as the user set it, in either order of this call and
+        `compile` (``'auto'`` included, which Keras resolves to XLA on a GPU).
       - Sources: the step differentiates ``model.trainable_weights``, all of which the
         tape watches; a weight the loss does not reach gets None (the optimizer skips it),
         as in Keras's own step.

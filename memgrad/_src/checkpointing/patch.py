@@ -70,15 +70,7 @@ def monkey_patch(checkpoints="memory"):
     Calling it again changes the strategy.
 
     Caveats:
-      - XLA: under ``jit_compile=True`` each recomputed segment reads its checkpoints
-        through a data dependency on its incoming gradient, which XLA keeps (it drops
-        control dependencies), so the recomputation runs late and is not merged with the
-        forward ops: the saving holds (measured on CPU's XLA; see docs/checkpointing.md).
-      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
-        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
-        and their outputs are kept, so the gradients belong to the forward's own random
-        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
-        are recomputed and give the same values.
+      - Those of `memgrad.gradients`, which this calls: XLA and stateful ops.
       - Only `tf.gradients` and its aliases are patched: `tf.GradientTape` (and so Keras's
         own `fit`) is not; use `memgrad.GradientTape` or `memgrad.enable_checkpointing`.
         An x no y depends on gets None (zeros with ``unconnected_gradients='zero'``), as

@@ -36,15 +36,7 @@ class GradientTape(tf.GradientTape):
     A non-persistent tape computes one set of gradients; a second `gradient` call raises.
 
     Caveats:
-      - XLA: under ``jit_compile=True`` each recomputed segment reads its checkpoints
-        through a data dependency on its incoming gradient, which XLA keeps (it drops
-        control dependencies), so the recomputation runs late and is not merged with the
-        forward ops: the saving holds (measured on CPU's XLA; see docs/checkpointing.md).
-      - Stateful ops are never re-run: unseeded random ops (``tf.random.uniform``,
-        ``tf.nn.dropout``, a ``tf.random.Generator``), variable reads and updates run once
-        and their outputs are kept, so the gradients belong to the forward's own random
-        draw and those outputs cost their memory. Seeded stateless ops (Keras's Dropout)
-        are recomputed and give the same values.
+      - Those of `memgrad.gradients`, which this calls: XLA and stateful ops.
       - Unwatched sources: a variable the tape did not watch (with
         ``watch_accessed_variables=False``, one not passed to `watch`) gets None, or zeros
         with ``unconnected_gradients='zero'``, like `tf.GradientTape`. A *tensor* source
