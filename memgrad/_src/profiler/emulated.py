@@ -14,6 +14,7 @@ import re
 import time
 
 from memgrad._src.profiler.fresh import FreshProcessError, check_target, run_in_fresh_process
+from memgrad._src.profiler.search import largest_fitting
 from memgrad._src.units import format_bytes, parse_bytes
 
 
@@ -181,12 +182,13 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
                    high=4096, timeout=600.0, start=None, rtol=0.0) -> BatchSearch:
     """Finds the largest batch size for which ``target`` fits under ``limit`` bytes.
 
-    Doubles the batch from ``low`` until a run does not fit (or ``high`` is
-    reached), then bisects between the last fitting and first failing size. Each
-    probe is one `run_capped` subprocess. With a ``start`` guess (e.g. extrapolated
-    from a measured peak) the search begins there (halving while runs do not fit) and
-    then aims each probe at the size where a line through the fitting runs' peaks
-    meets the cap: a handful of probes instead of a dozen.
+    Grows the batch from ``low`` (at least doubling) until a run does not fit (or
+    ``high`` is reached), then closes in between the last fitting and first failing
+    size. Each probe is one `run_capped` subprocess. With a ``start`` guess (e.g.
+    extrapolated from a measured peak) the search begins there (halving while runs do
+    not fit) and then aims each probe at the size where a line through the fitting
+    runs' peaks meets the cap: a handful of probes instead of a dozen. The search is the
+    one `predict_max_batch_size` uses.
 
     Args:
       target: ``'module:function'`` taking the batch size as keyword ``batch_arg``.
@@ -222,68 +224,13 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
         raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
     probes = []
 
-    def fits(batch):
+    def probe(batch):
         run = run_capped(target, limit, {**(kwargs or {}), batch_arg: batch}, timeout=timeout)
         probes.append(run)
-        return run.fits
+        return run.fits, run.peak_bytes if run.fits else None
 
     limit_bytes = _limit_in_mib(limit) * 2**20
-    peaks = {}  # batch -> peak bytes of the runs that fit
-
-    def estimate():
-        """The batch whose peak would reach the cap, from the fitting runs' peaks (a line)."""
-        points = sorted(peaks.items())
-        if len(points) >= 2 and points[-1][1] > points[0][1]:
-            (b0, p0), (b1, p1) = points[0], points[-1]
-            slope = (p1 - p0) / (b1 - b0)
-            return int(b1 + (limit_bytes - p1) / slope)
-        b1, p1 = points[-1]
-        return int(b1 * limit_bytes / max(p1, 1))
-
-    def fits_and_record(batch):
-        ok = fits(batch)
-        if ok and probes[-1].peak_bytes:
-            peaks[batch] = probes[-1].peak_bytes
-        return ok
-
-    good, bad, candidate = None, None, low if start is None else start
-    while good is None:  # from the guess down, halving, to a size that fits
-        if fits_and_record(candidate):
-            good = candidate
-        elif candidate == low:
-            return BatchSearch(0, limit_bytes, tuple(probes))
-        else:
-            bad, candidate = candidate, max(low, candidate // 2)
-    # An extrapolation can be too cautious (peaks that do not grow in proportion to the batch,
-    # e.g. an allocator that grows by whole regions): while nothing failed, the least step grows
-    # 4x per fitting probe; after a failure, a probe that fitted but moved less than a quarter
-    # of the gap makes the next one move at least a quarter. Either way O(log) probes.
-    boost, creeping = 1, False
-    while good < high and (bad is None or bad - good > max(1, rtol * good)):
-        step = max(1, int(rtol * good))
-        upper = high if bad is None else bad - 1
-        if start is None:  # plain doubling, then bisection
-            candidate = min(good * 2, high) if bad is None else (good + bad) // 2
-        elif bad is None:  # aim at the extrapolated limit
-            aim = estimate() if peaks else good * 2
-            candidate, boost = max(aim, good + step * boost), boost * 4
-        else:  # between the largest fit and the smallest failure
-            aim = estimate() if peaks else (good + bad) // 2
-            if creeping:
-                candidate = max(aim, good + (bad - good) // 4)
-            elif good < aim < bad:
-                candidate = aim
-            elif aim <= good:
-                candidate, boost = good + step * boost, boost * 4
-            else:
-                candidate = (good + bad) // 2
-        candidate = min(max(candidate, good + step), upper)
-        if candidate <= good:
-            break
-        before = good
-        if fits_and_record(candidate):
-            good = candidate
-            creeping = bad is not None and candidate - before < (bad - before) / 4
-        else:  # from here on the search closes in: the least step starts again from one
-            bad, creeping, boost = candidate, False, 1
+    # Without a guess, plain doubling: the first sizes' peaks are mostly the runtime's own.
+    good = largest_fitting(probe, low, high, limit_bytes, start=start, rtol=rtol,
+                           aim=start is not None)
     return BatchSearch(good, limit_bytes, tuple(probes))

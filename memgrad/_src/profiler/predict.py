@@ -27,6 +27,7 @@ from memgrad._src.arguments import positional_args
 from memgrad._src.graph.kernels import compiled_functions, statistics_available
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.profiler.measure import resolve_device
+from memgrad._src.profiler.search import largest_fitting
 from memgrad._src.units import format_bytes, parse_bytes
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +203,7 @@ def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
     The search grows the batch, aiming past where a line through the predicted peaks meets
     the limit (activations grow linearly with the batch), then interpolates between the
     largest size that fits and the smallest that does not, bisecting when interpolation
-    stalls: a handful of traces.
+    stalls: a handful of traces (the search `max_batch_size` uses).
 
     Args:
       build: ``build(batch_size)`` returning ``(fn, args)`` or ``(fn, args, kwargs)`` for
@@ -248,41 +249,9 @@ def predict_max_batch_size(build, limit, *, low=1, high=4096, overhead_bytes=0,
             predicted[batch] = prediction.peak_bytes + int(overhead_bytes)
         return predicted[batch]
 
-    def result(batch):
-        return BatchPrediction(batch, limit_bytes, predicted.get(batch, 0), tuple(predicted.items()))
+    def fits(batch):
+        predicted_bytes = peak(batch)
+        return predicted_bytes <= limit_bytes, predicted_bytes
 
-    if peak(low) > limit_bytes:
-        return result(0)
-    fit, fail = low, None
-    # Grow until a size does not fit: aim just past where a line through the two largest
-    # fitting sizes meets the limit (at least doubling), so the limit is bracketed at once.
-    while fail is None and fit < high:
-        fitting = sorted(b for b in predicted if predicted[b] <= limit_bytes)
-        guess = 2 * fit
-        if len(fitting) >= 2:
-            b0, b1 = fitting[-2], fitting[-1]
-            slope = (predicted[b1] - predicted[b0]) / (b1 - b0)
-            if slope > 0:
-                guess = max(guess, int(b1 + 1.05 * (limit_bytes - predicted[b1]) / slope) + 1)
-        guess = min(guess, high)
-        if peak(guess) <= limit_bytes:
-            fit = guess
-        else:
-            fail = guess
-    # Bracketed: interpolate between the largest fitting and the smallest failing size,
-    # bisecting whenever interpolation shrank the bracket by less than half.
-    halve = False
-    while fail is not None and fail - fit > 1:
-        width = fail - fit
-        if halve:
-            guess = (fit + fail) // 2
-        else:
-            rise = predicted[fail] - predicted[fit]
-            step = (limit_bytes - predicted[fit]) * width / rise if rise > 0 else width / 2
-            guess = min(max(fit + int(step), fit + 1), fail - 1)
-        if peak(guess) <= limit_bytes:
-            fit = guess
-        else:
-            fail = guess
-        halve = not halve and (fail - fit) > width / 2
-    return result(fit)
+    batch = largest_fitting(fits, low, high, limit_bytes)
+    return BatchPrediction(batch, limit_bytes, predicted.get(batch, 0), tuple(predicted.items()))
