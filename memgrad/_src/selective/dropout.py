@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording
+from memgrad._src.selective.tape import OneInputLean
 
 
 def _as_int32_seed(seed):
@@ -16,7 +16,7 @@ def _as_int32_seed(seed):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class Dropout(keras.layers.Dropout):
+class Dropout(OneInputLean, keras.layers.Dropout):
     """`keras.layers.Dropout` whose backward keeps a 2-integer seed instead of a mask.
 
     The same mask as ``keras.layers.Dropout`` with the same seed state; in the
@@ -27,9 +27,12 @@ class Dropout(keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
-        inputs = tf.convert_to_tensor(inputs)
-        if not (training and 0.0 < self.rate < 1.0 and tf.executing_eagerly() and is_watched(inputs)):
-            return super().call(inputs, training=training)
+        return self._lean_call(inputs, training=training)
+
+    def lean_applies(self, inputs, training=False):
+        return bool(training) and 0.0 < self.rate < 1.0
+
+    def lean_forward(self, inputs, training=False):
         seed = _as_int32_seed(self.seed_generator.next())
         noise_shape = None
         if self.noise_shape is not None:
@@ -39,7 +42,4 @@ class Dropout(keras.layers.Dropout):
         def dropped(t):
             return tf.nn.experimental.stateless_dropout(t, rate=rate, noise_shape=noise_shape, seed=seed)
 
-        with stop_recording():
-            outputs = dropped(inputs)
-        record_backward("memgrad_SeededDropout", outputs, [inputs], lambda d_out: [dropped(d_out)])
-        return outputs
+        return dropped(inputs), lambda d_out: [dropped(d_out)]  # keeps the seed only

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording
+from memgrad._src.selective.tape import OneInputLean, is_watched, record_backward, stop_recording
 
 
 def _lean_merge(layer, inputs, super_call, backward_for, same_shape):
@@ -64,7 +64,7 @@ class Concatenate(keras.layers.Concatenate):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class ZeroPadding2D(keras.layers.ZeroPadding2D):
+class ZeroPadding2D(OneInputLean, keras.layers.ZeroPadding2D):
     """`keras.layers.ZeroPadding2D` whose backward keeps nothing (TensorFlow's keeps the input).
 
     Example:
@@ -72,20 +72,14 @@ class ZeroPadding2D(keras.layers.ZeroPadding2D):
     """
 
     def call(self, inputs):
-        inputs = tf.convert_to_tensor(inputs)
-        if not (tf.executing_eagerly() and is_watched(inputs)):
-            return super().call(inputs)
-        with stop_recording():
-            outputs = super().call(inputs)
+        return self._lean_call(inputs)
+
+    def lean_backward(self, inputs, outputs):
         (top, _), (left, _) = self.padding
-        shape = tf.shape(inputs)
-        if self.data_format == "channels_last":
-            begin = [0, top, left, 0]
-        else:
-            begin = [0, 0, top, left]
+        shape = tf.shape(inputs)  # keeps the input's shape only
+        begin = [0, top, left, 0] if self.data_format == "channels_last" else [0, 0, top, left]
 
         def backward(d_out):
             return [tf.slice(d_out, begin, shape)]
 
-        record_backward("memgrad_ZeroPadding2D", outputs, [inputs], backward)
-        return outputs
+        return backward

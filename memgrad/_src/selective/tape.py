@@ -57,3 +57,39 @@ def record_backward(name, output, inputs, backward):
 def watched_read(variable):
     """Reads a Keras variable so that an active tape connects the read to the variable."""
     return tf.convert_to_tensor(getattr(variable, "value", variable))
+
+
+class OneInputLean:
+    """Base of the selective layers with one input and no weights of their own.
+
+    It owns the guard and the recording: where an eager tape watches the input and
+    `lean_applies` agrees, the forward pass runs unrecorded and one operation is recorded
+    whose backward function is the one `lean_forward` returns; anywhere else (inside a
+    ``tf.function``, no tape, a setting the layer does not handle) Keras's own computation
+    runs. A layer states only what its backward keeps, by what that function captures.
+    Subclasses call `_lean_call` from their ``call``, whose signature Keras reads.
+    """
+
+    def lean_applies(self, inputs, **kwargs) -> bool:
+        """Whether this call takes the lean path (default: always, when watched)."""
+        del inputs, kwargs
+        return True
+
+    def lean_forward(self, inputs, **kwargs):
+        """``(outputs, backward)``, computed unrecorded: Keras's outputs and
+        `lean_backward`'s function (subclasses that compute more override this)."""
+        outputs = super().call(inputs, **kwargs)
+        return outputs, self.lean_backward(inputs, outputs)
+
+    def lean_backward(self, inputs, outputs):
+        """``backward(d_outputs) -> [d_inputs]``, capturing only what it needs."""
+        raise NotImplementedError(f"{type(self).__name__} must define lean_backward or lean_forward")
+
+    def _lean_call(self, inputs, **kwargs):
+        inputs = tf.convert_to_tensor(inputs)
+        if not (tf.executing_eagerly() and is_watched(inputs) and self.lean_applies(inputs, **kwargs)):
+            return super().call(inputs, **kwargs)
+        with stop_recording():
+            outputs, backward = self.lean_forward(inputs, **kwargs)
+        record_backward(f"memgrad_{type(self).__name__}", outputs, [inputs], backward)
+        return outputs
