@@ -13,7 +13,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
-from memgrad._src.checkpointing.strategies import COLLECTION, CheckpointPlan, as_strategy, choose
+from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, checked_plan, choose
 from memgrad._src.graph.view import ForwardGraph
 
 # TensorFlow's own functions, kept before any patch so memgrad never calls itself.
@@ -342,8 +342,6 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     return grads
 
 
-# Errors a rewrite that cannot handle a graph raises while it is built; each makes
-# memgrad.gradients fall back to plain tf.gradients for that graph, with a warning.
 # How many times a strategy's ``refine`` may replace its plan in one call.
 MAX_REFINEMENTS = 64
 
@@ -353,17 +351,12 @@ def _refined(strategy, view, plan, grads):
     refine = getattr(strategy, "refine", None)
     if refine is None:
         return None
-    following = refine(view, plan, grads)
-    if following is not None and not isinstance(following, CheckpointPlan):
-        raise TypeError(
-            f"{type(strategy).__name__}.refine(view, plan, grads) must return a "
-            f"memgrad.strategies.CheckpointPlan or None. Received: {type(following).__name__}")
-    name = getattr(strategy, "name", None)
-    if following is not None and isinstance(name, str) and not type(strategy).__module__.startswith("memgrad._src"):
-        following.mode = name
-    return following
+    return checked_plan(strategy, refine(view, plan, grads), "refine(view, plan, grads)",
+                        optional=True)
 
 
+# Errors a rewrite that cannot handle a graph raises while it is built; each makes
+# memgrad.gradients fall back to plain tf.gradients for that graph, with a warning.
 _REWRITE_ERRORS = (ValueError, TypeError, KeyError, LookupError, AssertionError,
                    NotImplementedError, tf.errors.OpError)
 # TensorFlow 1 control flow (tf.compat.v1 with control flow v1): frames the rewrite can

@@ -205,10 +205,18 @@ def choose(view, checkpoints):
     A user strategy's plan is labelled with the strategy's ``name`` (when it has one).
     """
     strategy = as_strategy(checkpoints)
-    plan = strategy.plan(view)
+    return checked_plan(strategy, strategy.plan(view), "plan(view)")
+
+
+def checked_plan(strategy, plan, method, optional=False):
+    """``plan``, as ``strategy.<method>`` returned it, once it is a `CheckpointPlan` (or None,
+    where ``optional``), labelled with a user strategy's ``name`` (when it has one)."""
+    if plan is None and optional:
+        return None
     if not isinstance(plan, CheckpointPlan):
+        expected = "a memgrad.strategies.CheckpointPlan" + (" or None" if optional else "")
         raise TypeError(
-            f"{type(strategy).__name__}.plan(view) must return a memgrad.strategies.CheckpointPlan "
+            f"{type(strategy).__name__}.{method} must return {expected} "
             f"(e.g. Tensors(kept).plan(view)). Received: {type(plan).__name__}")
     name = getattr(strategy, "name", None)
     if isinstance(name, str) and not type(strategy).__module__.startswith("memgrad._src"):
