@@ -61,7 +61,7 @@ def largest_fitting(probe, low, high, limit_bytes, *, start=None, rtol=0.0, aim=
         if fits(candidate):
             good = candidate
         else:
-            bad, boost = candidate, 1
+            bad = candidate
         halve = width is not None and not halve and bad - good > width / 2
     return good
 
