@@ -210,6 +210,7 @@ def test_embedding_matches_keras_and_frozen_records_nothing(trainable, watch_tab
     np.testing.assert_array_equal(y, y_ref)
     if trainable or watch_table:
         np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(g_ref), rtol=1e-6)
+        assert isinstance(g, tf.IndexedSlices) and isinstance(g_ref, tf.IndexedSlices)  # as sparse as Keras's
     else:  # Keras's tape records the lookup of a frozen table; memgrad's does not
         assert g is None and g_ref is not None
 

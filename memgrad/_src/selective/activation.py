@@ -7,8 +7,8 @@ import math
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.relu import masked_relu
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording
+from memgrad._src.selective.relu import _masked_relu_forward, masked_relu
+from memgrad._src.selective.tape import LeanLayer, lean_apply
 
 
 def _gelu_slope(x, approximate):
@@ -19,6 +19,17 @@ def _gelu_slope(x, approximate):
         th = tf.tanh(c * (t + 0.044715 * t ** 3))
         return 0.5 * (1.0 + th) + 0.5 * t * (1.0 - th * th) * c * (1.0 + 3 * 0.044715 * t * t)
     return 0.5 * (1.0 + tf.math.erf(t / math.sqrt(2.0))) + t * tf.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
+
+
+def _lean_gelu_forward(x, approximate):
+    """``(gelu(x), backward)``: the backward keeps ``x`` only."""
+    y = keras.activations.gelu(x, approximate=approximate)
+
+    def backward(dy):
+        slope = _gelu_slope(x, approximate)
+        return [tf.cast(tf.cast(dy, slope.dtype) * slope, dy.dtype)]
+
+    return y, backward
 
 
 def lean_gelu(x, approximate=False):
@@ -37,18 +48,12 @@ def lean_gelu(x, approximate=False):
 
     Returns:
       ``gelu(x)``, bit for bit Keras's, with the same gradient.
+
+    Example:
+      >>> y = lean_gelu(tf.constant([-1.0, 2.0]))
     """
-    if not tf.executing_eagerly() or not is_watched(x):
-        return keras.activations.gelu(x, approximate=approximate)
-    with stop_recording():
-        y = keras.activations.gelu(x, approximate=approximate)
-
-    def backward(dy):
-        slope = _gelu_slope(x, approximate)
-        return [tf.cast(tf.cast(dy, slope.dtype) * slope, dy.dtype)]
-
-    record_backward("memgrad_Gelu", y, [x], backward)
-    return y
+    return lean_apply("memgrad_Gelu", x, lambda t: keras.activations.gelu(t, approximate=approximate),
+                      lambda t: _lean_gelu_forward(t, approximate))
 
 
 def _gelu_exact(x):
@@ -82,6 +87,13 @@ def lean_activation(activation):
     return None
 
 
+def _lean_forward_of(activation):
+    """``forward(x) -> (y, backward)`` of ``activation``'s memgrad version (`lean_activation`'s)."""
+    if activation is keras.activations.relu:
+        return lambda x: _masked_relu_forward(x, None)
+    return lambda x: _lean_gelu_forward(x, approximate=activation is not keras.activations.gelu)
+
+
 def apply_activation(activation, x):
     """``activation(x)``, through its memgrad version when there is one."""
     lean = lean_activation(activation)
@@ -89,7 +101,7 @@ def apply_activation(activation, x):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class Activation(keras.layers.Activation):
+class Activation(LeanLayer, keras.layers.Activation):
     """`keras.layers.Activation` that keeps a 1-byte mask for ``"relu"`` and only the input for ``"gelu"``.
 
     Same constructor and outputs as ``keras.layers.Activation``; only ``relu`` and
@@ -119,4 +131,7 @@ class Activation(keras.layers.Activation):
                              f"Received: activation={name!r}")
 
     def call(self, inputs):
-        return lean_activation(self.activation)(tf.convert_to_tensor(inputs))
+        return self._lean_call(inputs)
+
+    def lean_forward(self, inputs, wanted):
+        return _lean_forward_of(self.activation)(inputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import OneInputLean
+from memgrad._src.selective.tape import LeanLayer
 
 
 def _as_int32_seed(seed):
@@ -16,7 +16,7 @@ def _as_int32_seed(seed):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class Dropout(OneInputLean, keras.layers.Dropout):
+class Dropout(LeanLayer, keras.layers.Dropout):
     """`keras.layers.Dropout` whose backward keeps a 2-integer seed instead of a mask.
 
     The same mask as ``keras.layers.Dropout`` with the same seed state; in the
@@ -32,7 +32,7 @@ class Dropout(OneInputLean, keras.layers.Dropout):
     def lean_applies(self, inputs, training=False):
         return bool(training) and 0.0 < self.rate < 1.0
 
-    def lean_forward(self, inputs, training=False):
+    def lean_forward(self, inputs, wanted, training=False):
         seed = _as_int32_seed(self.seed_generator.next())
         noise_shape = None
         if self.noise_shape is not None:

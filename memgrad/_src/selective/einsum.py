@@ -51,7 +51,7 @@ class EinsumDense(SelectiveLinear, keras.layers.EinsumDense):
                 "memgrad's EinsumDense needs every input and kernel label in one of the other two operands "
                 f"and no '...' in the kernel. Received: equation={self.equation!r}")
 
-    def _variables(self):
+    def lean_weights(self):
         return [self.kernel] + ([self.bias] if self.bias is not None else [])
 
     def _bias_gradient(self, d_pre):

@@ -7,16 +7,11 @@ import tensorflow as tf
 
 from memgrad._src.selective.activation import apply_activation
 from memgrad._src.selective.relu import share_kept_input
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
+from memgrad._src.selective.tape import LeanLayer, computed_weights
 
 
-def _merged_kernel(layer) -> bool:
-    """Whether ``layer.kernel`` is computed (LoRA, quantization) rather than one variable."""
-    return bool(getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None))
-
-
-class SelectiveLinear:
-    """Mixin for a Keras layer that is linear in its input and in its kernel.
+class SelectiveLinear(LeanLayer):
+    """Base of the Keras layers linear in their input and in each of their weights.
 
     In eager mode under a tape, the layer records one operation whose backward
     keeps the layer's input only if the kernel gradient may be requested, and the
@@ -27,7 +22,11 @@ class SelectiveLinear:
     input and ``tape.gradient`` returns ``None`` for its weights. Inside
     ``tf.function`` TensorFlow's own gradient pruning already drops what is not
     needed, so the Keras computation runs unchanged there and every gradient is
-    available.
+    available. The operation recorded is the linear part; the activation after it
+    runs through its lean version (`apply_activation`).
+
+    A subclass defines ``_input_gradient`` and ``_kernel_gradient`` (or its own
+    `lean_backward`).
     """
 
     def _check_supported(self):
@@ -37,59 +36,46 @@ class SelectiveLinear:
         self._check_supported()
         super().build(input_shape)
 
-    def _variables(self):
+    def lean_weights(self):
         """The kernel, then the bias if there is one."""
         return [self.kernel] + ([self.bias] if self.use_bias else [])
 
     def _bias_gradient(self, d_pre):
         return tf.reduce_sum(d_pre, axis=list(range(d_pre.shape.rank - 1)))
 
-    def _linear_part(self, inputs):
+    def keras_call(self, inputs):
+        """Keras's computation without the activation."""
         activation, self.activation = self.activation, keras.activations.linear
         try:
-            return super().call(inputs)
+            return super().keras_call(inputs)
         finally:
             self.activation = activation
 
-    def _activate(self, pre):
-        return apply_activation(self.activation, pre)
-
     def call(self, inputs, training=None):  # `training` as Keras's Dense/EinsumDense take it (unused)
-        inputs = tf.convert_to_tensor(inputs)
-        if _merged_kernel(self):  # a LoRA or quantized kernel is not one variable: Keras computes it
+        if computed_weights(self) or not tf.executing_eagerly():
+            # A LoRA or quantized kernel is not one variable, and graph gradients already
+            # prune unneeded inputs: Keras's computation, activation included.
             return super().call(inputs)
-        if not tf.executing_eagerly():
-            return super().call(inputs)  # graph gradients already prune unneeded inputs
-        variables = self._variables()
-        kernel_wanted = weights_wanted(self, variables)
-        input_wanted = is_watched(inputs)
-        with stop_recording():
-            pre = self._linear_part(inputs)
-        if kernel_wanted or input_wanted:
-            self._record(pre, inputs, variables, kernel_wanted, input_wanted)
-        return self._activate(pre)
+        return apply_activation(self.activation, self._lean_call(inputs))
 
-    def _record(self, pre, inputs, variables, kernel_wanted, input_wanted):
-        reads = [watched_read(v) for v in variables] if kernel_wanted else []
-        kept_input = inputs if kernel_wanted else None
+    def lean_backward(self, inputs, pre, wanted):
+        kept_input = inputs if wanted.weights else None  # the input, for the kernel gradient
         if kept_input is not None:
             share_kept_input(kept_input)
-        kernel = None
-        if input_wanted:
-            with stop_recording():
-                kernel = tf.convert_to_tensor(self.kernel.value)
+        kernel = tf.convert_to_tensor(self.kernel.value) if wanted.inputs else None  # for the input's
         input_shape = tf.shape(inputs)
         kernel_shape = tf.shape(self.kernel.value)
+        has_bias = len(self.lean_weights()) > 1
 
         def backward(d_pre):
-            grads = [self._input_gradient(d_pre, kernel, input_shape) if input_wanted else None]
-            if kernel_wanted:
+            grads = [self._input_gradient(d_pre, kernel, input_shape) if wanted.inputs else None]
+            if wanted.weights:
                 grads.append(self._kernel_gradient(kept_input, d_pre, kernel_shape))
-                if len(variables) > 1:
+                if has_bias:
                     grads.append(self._bias_gradient(d_pre))
             return grads
 
-        record_backward(f"memgrad_{type(self).__name__}", pre, [inputs] + reads, backward)
+        return backward
 
 
 @keras.saving.register_keras_serializable(package="memgrad")

@@ -6,11 +6,11 @@ import keras
 import tensorflow as tf
 
 from memgrad._src.selective.relu import share_kept_input
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording, watched_read, weights_wanted
+from memgrad._src.selective.tape import LeanLayer
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class BatchNormalization(keras.layers.BatchNormalization):
+class BatchNormalization(LeanLayer, keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` with a lean inference-mode backward.
 
     In inference mode (``training=False``, or a frozen layer) batch normalisation
@@ -27,30 +27,26 @@ class BatchNormalization(keras.layers.BatchNormalization):
     """
 
     def call(self, inputs, training=None, mask=None):
-        inputs = tf.convert_to_tensor(inputs)
-        inference = not (training and self.trainable)
+        return self._lean_call(inputs, training=training, mask=mask)
+
+    def lean_applies(self, inputs, training=None, mask=None):
         last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
-        if not (tf.executing_eagerly() and inference and last_axis and mask is None):
-            return super().call(inputs, training=training, mask=mask)
-        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
-        params_wanted = bool(params) and weights_wanted(self, params)
-        input_wanted = is_watched(inputs)
-        with stop_recording():
-            outputs = super().call(inputs, training=False)
-        if not (params_wanted or input_wanted):
-            return outputs
+        return not (training and self.trainable) and last_axis and mask is None
+
+    def lean_weights(self):
+        return ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+
+    def lean_forward(self, inputs, wanted, training=None, mask=None):
+        outputs = self.keras_call(inputs, training=False)
         # float64 stays float64; lower precisions compute the backward in float32.
         acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
-        with stop_recording():
-            inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
-            scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
-        reads = [watched_read(v) for v in params] if params_wanted else []
-        kept_input = inputs if params_wanted and self.scale else None
+        inv_std = tf.math.rsqrt(tf.cast(self.moving_variance.value, acc) + self.epsilon)
+        scale = inv_std * (tf.cast(self.gamma.value, acc) if self.scale else 1.0)
+        kept_input = inputs if wanted.weights and self.scale else None  # for gamma's gradient
         if kept_input is not None:
             share_kept_input(kept_input)
         mean = tf.cast(self.moving_mean.value, acc) if kept_input is not None else None
         axes = list(range(inputs.shape.rank - 1))
-
         fused = kept_input is not None and inputs.shape.rank == 4 and inputs.dtype == tf.float32 and self.center
 
         def fused_backward(d_out):
@@ -60,14 +56,14 @@ class BatchNormalization(keras.layers.BatchNormalization):
                 reserve_space_1=mean, reserve_space_2=tf.cast(self.moving_variance.value, tf.float32),
                 reserve_space_3=tf.constant([], tf.float32), epsilon=self.epsilon, is_training=False,
             )[:3]
-            return [dx if input_wanted else None, d_gamma, d_beta]
+            return [dx if wanted.inputs else None, d_gamma, d_beta]
 
         def backward(d_out):
             if fused:
                 return fused_backward(d_out)
             d32 = tf.cast(d_out, acc)
-            grads = [tf.cast(d32 * scale, d_out.dtype) if input_wanted else None]
-            if params_wanted:
+            grads = [tf.cast(d32 * scale, d_out.dtype) if wanted.inputs else None]
+            if wanted.weights:
                 if self.scale:
                     normalized = (tf.cast(kept_input, acc) - mean) * inv_std
                     grads.append(tf.cast(tf.reduce_sum(d32 * normalized, axis=axes), self.gamma.dtype))
@@ -75,12 +71,11 @@ class BatchNormalization(keras.layers.BatchNormalization):
                     grads.append(tf.cast(tf.reduce_sum(d32, axis=axes), self.beta.dtype))
             return grads
 
-        record_backward("memgrad_BatchNormInference", outputs, [inputs] + reads, backward)
-        return outputs
+        return outputs, backward
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class LayerNormalization(keras.layers.LayerNormalization):
+class LayerNormalization(LeanLayer, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` whose backward keeps only its input.
 
     TensorFlow's tape keeps about six tensors of the input's size for Keras's layer
@@ -93,26 +88,23 @@ class LayerNormalization(keras.layers.LayerNormalization):
     """
 
     def call(self, inputs):
-        inputs = tf.convert_to_tensor(inputs)
-        if not tf.executing_eagerly() or self.rms_scaling:
-            return super().call(inputs)
-        params = ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
-        params_wanted = bool(params) and weights_wanted(self, params)
-        input_wanted = is_watched(inputs)
-        with stop_recording():
-            outputs = super().call(inputs)
-        if not (params_wanted or input_wanted):
-            return outputs
+        return self._lean_call(inputs)
+
+    def lean_applies(self, inputs):
+        return not self.rms_scaling
+
+    def lean_weights(self):
+        return ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+
+    def lean_backward(self, inputs, outputs, wanted):
         rank = inputs.shape.rank
         axes = sorted(a % rank for a in (self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]))
         other_axes = [a for a in range(rank) if a not in axes]
         acc = tf.float64 if inputs.dtype == tf.float64 else tf.float32
-        with stop_recording():
-            mean, variance = tf.nn.moments(tf.cast(inputs, acc), axes, keepdims=True)
-            inv_std = tf.math.rsqrt(variance + self.epsilon)
-            gamma = tf.cast(self.gamma.value, acc) if self.scale else None
-        reads = [watched_read(v) for v in params] if params_wanted else []
-        share_kept_input(inputs)
+        mean, variance = tf.nn.moments(tf.cast(inputs, acc), axes, keepdims=True)
+        inv_std = tf.math.rsqrt(variance + self.epsilon)
+        gamma = tf.cast(self.gamma.value, acc) if self.scale else None
+        share_kept_input(inputs)  # kept: the normalised input is recomputed from it
         broadcast = [inputs.shape[a] if a in axes else 1 for a in range(rank)]
 
         def backward(d_out):
@@ -120,11 +112,11 @@ class LayerNormalization(keras.layers.LayerNormalization):
             normalized = (tf.cast(inputs, acc) - mean) * inv_std
             d_normalized = d * tf.reshape(gamma, broadcast) if gamma is not None else d
             grads = [None]
-            if input_wanted:
+            if wanted.inputs:
                 dx = inv_std * (d_normalized - tf.reduce_mean(d_normalized, axes, keepdims=True)
                                 - normalized * tf.reduce_mean(d_normalized * normalized, axes, keepdims=True))
                 grads = [tf.cast(dx, d_out.dtype)]
-            if params_wanted:
+            if wanted.weights:
                 if self.scale:
                     grads.append(tf.cast(tf.reshape(tf.reduce_sum(d * normalized, other_axes), self.gamma.shape),
                                          self.gamma.dtype))
@@ -132,5 +124,4 @@ class LayerNormalization(keras.layers.LayerNormalization):
                     grads.append(tf.cast(tf.reshape(tf.reduce_sum(d, other_axes), self.beta.shape), self.beta.dtype))
             return grads
 
-        record_backward("memgrad_LayerNorm", outputs, [inputs] + reads, backward)
-        return outputs
+        return backward

@@ -5,11 +5,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import OneInputLean
+from memgrad._src.selective.tape import LeanLayer
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class MaxPooling2D(OneInputLean, keras.layers.MaxPooling2D):
+class MaxPooling2D(LeanLayer, keras.layers.MaxPooling2D):
     """`keras.layers.MaxPooling2D` whose backward keeps one int32 index per output element.
 
     TensorFlow's max-pool gradient keeps the float input *and* output; the
@@ -27,7 +27,7 @@ class MaxPooling2D(OneInputLean, keras.layers.MaxPooling2D):
     def lean_applies(self, inputs, **kwargs):
         return self.data_format == "channels_last"
 
-    def lean_forward(self, inputs, **kwargs):
+    def lean_forward(self, inputs, wanted, **kwargs):
         outputs, argmax = tf.nn.max_pool_with_argmax(
             inputs, ksize=list(self.pool_size), strides=list(self.strides), padding=self.padding.upper(),
             include_batch_in_index=True,
@@ -49,7 +49,7 @@ def _channels_last_2d(layer, inputs):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class GlobalAveragePooling2D(OneInputLean, keras.layers.GlobalAveragePooling2D):
+class GlobalAveragePooling2D(LeanLayer, keras.layers.GlobalAveragePooling2D):
     """`keras.layers.GlobalAveragePooling2D` whose backward keeps only the input's shape.
 
     TensorFlow's tape keeps the whole input of a mean for its gradient, which needs
@@ -65,7 +65,7 @@ class GlobalAveragePooling2D(OneInputLean, keras.layers.GlobalAveragePooling2D):
     def lean_applies(self, inputs, **kwargs):
         return _channels_last_2d(self, inputs)
 
-    def lean_backward(self, inputs, outputs):
+    def lean_backward(self, inputs, outputs, wanted):
         shape = tf.shape(inputs)  # keeps the input's shape only
         keepdims = self.keepdims
 
@@ -78,7 +78,7 @@ class GlobalAveragePooling2D(OneInputLean, keras.layers.GlobalAveragePooling2D):
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class AveragePooling2D(OneInputLean, keras.layers.AveragePooling2D):
+class AveragePooling2D(LeanLayer, keras.layers.AveragePooling2D):
     """`keras.layers.AveragePooling2D` whose backward keeps only the input's shape.
 
     (TensorFlow's tape keeps the whole input.) Channels-last; otherwise Keras's computation.
@@ -93,7 +93,7 @@ class AveragePooling2D(OneInputLean, keras.layers.AveragePooling2D):
     def lean_applies(self, inputs, **kwargs):
         return _channels_last_2d(self, inputs)
 
-    def lean_backward(self, inputs, outputs):
+    def lean_backward(self, inputs, outputs, wanted):
         shape = tf.shape(inputs)  # keeps the input's shape only
         ksize, strides, padding = [1, *self.pool_size, 1], [1, *self.strides, 1], self.padding.upper()
 

@@ -7,7 +7,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import is_watched, record_backward, stop_recording
+from memgrad._src.selective.tape import LeanLayer, lean_apply
 
 
 class _SavedForRelu:
@@ -43,6 +43,27 @@ def share_kept_input(tensor) -> None:
         saved.output, saved.mask = tensor, None
 
 
+def _relu(x, max_value):
+    return tf.nn.relu(x) if max_value is None else keras.activations.relu(x, max_value=max_value)
+
+
+def _masked_relu_forward(x, max_value):
+    """``(relu(x), backward)``: the backward keeps the mask, or the output once a consumer keeps it."""
+    y = _relu(x, max_value)
+    saved = _SavedForRelu(x > 0 if max_value is None else (y > 0) & (y < max_value))
+    _remember(y, saved)  # lets the next layer share what it keeps
+
+    def backward(dy):
+        if saved.mask is None:  # the output is kept anyway: TensorFlow's own kernel
+            if max_value is None:
+                return [tf.raw_ops.ReluGrad(gradients=dy, features=saved.output)]
+            inside = (saved.output > 0) & (saved.output < max_value)
+            return [dy * tf.cast(inside, dy.dtype)]
+        return [dy * tf.cast(saved.mask, dy.dtype)]
+
+    return y, backward
+
+
 def masked_relu(x, max_value=None):
     """``max(x, 0)`` whose gradient keeps only the boolean mask ``x > 0`` (1 byte per element).
 
@@ -60,36 +81,22 @@ def masked_relu(x, max_value=None):
     Returns:
       ``relu(x)``, with the same gradient as ``tf.nn.relu`` (``keras.activations.relu``
       with ``max_value``).
+
+    Example:
+      >>> masked_relu(tf.constant([-1.0, 2.0])).numpy()
+      array([0., 2.], dtype=float32)
     """
-    def forward(t):
-        return tf.nn.relu(t) if max_value is None else keras.activations.relu(t, max_value=max_value)
-
-    if not tf.executing_eagerly() or not is_watched(x):
-        return forward(x)
-    with stop_recording():
-        y = forward(x)
-        saved = _SavedForRelu(x > 0 if max_value is None else (y > 0) & (y < max_value))
-    _remember(y, saved)  # lets the next layer share what it keeps
-
-    def backward(dy):
-        if saved.mask is None:  # the output is kept anyway: TensorFlow's own kernel
-            if max_value is None:
-                return [tf.raw_ops.ReluGrad(gradients=dy, features=saved.output)]
-            inside = (saved.output > 0) & (saved.output < max_value)
-            return [dy * tf.cast(inside, dy.dtype)]
-        return [dy * tf.cast(saved.mask, dy.dtype)]
-
-    record_backward("memgrad_MaskedRelu", y, [x], backward)
-    return y
+    return lean_apply("memgrad_MaskedRelu", x, lambda t: _relu(t, max_value),
+                      lambda t: _masked_relu_forward(t, max_value))
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class ReLU(keras.layers.ReLU):
+class ReLU(LeanLayer, keras.layers.ReLU):
     """`keras.layers.ReLU` that keeps a 1-byte mask instead of its float output.
 
     The plain ReLU (``negative_slope=0``, ``threshold=0``) and the clipped one
     (``max_value``, e.g. MobileNet's ``ReLU(6.0)``) use the mask; other settings
-    are rejected (`convert` leaves those layers to Keras and says so).
+    run Keras's computation (`convert` leaves those layers to Keras and says so).
 
     Example:
       >>> ReLU()(tf.constant([-1.0, 2.0])).numpy()
@@ -102,6 +109,10 @@ class ReLU(keras.layers.ReLU):
                              f"negative_slope={self.negative_slope}, threshold={self.threshold}")
 
     def call(self, inputs):
-        if self.negative_slope == 0 and self.threshold == 0:
-            return masked_relu(tf.convert_to_tensor(inputs), self.max_value)
-        return super().call(inputs)
+        return self._lean_call(inputs)
+
+    def lean_applies(self, inputs):
+        return self.negative_slope == 0 and self.threshold == 0
+
+    def lean_forward(self, inputs, wanted):
+        return _masked_relu_forward(inputs, self.max_value)

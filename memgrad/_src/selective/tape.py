@@ -8,6 +8,8 @@ whose backward function holds only what the requested gradients need.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
 from memgrad._src import tf_internals
@@ -59,37 +61,92 @@ def watched_read(variable):
     return tf.convert_to_tensor(getattr(variable, "value", variable))
 
 
-class OneInputLean:
-    """Base of the selective layers with one input and no weights of their own.
+def computed_weights(layer) -> bool:
+    """Whether ``layer``'s weights are computed (LoRA, quantization) rather than its variables."""
+    return bool(getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None))
 
-    It owns the guard and the recording: where an eager tape watches the input and
-    `lean_applies` agrees, the forward pass runs unrecorded and one operation is recorded
-    whose backward function is the one `lean_forward` returns; anywhere else (inside a
-    ``tf.function``, no tape, a setting the layer does not handle) Keras's own computation
-    runs. A layer states only what its backward keeps, by what that function captures.
-    Subclasses call `_lean_call` from their ``call``, whose signature Keras reads.
+
+def lean_apply(name, x, keras_fn, lean_forward):
+    """The guard of the selective activation functions (`masked_relu`, `lean_gelu`).
+
+    ``keras_fn(x)`` unless an eager tape watches ``x``; then ``lean_forward(x) ->
+    (y, backward)`` runs unrecorded and ``y`` is recorded with that ``backward``
+    (``backward(dy) -> [dx]``). `LeanLayer` is the same guard for layers.
+    """
+    if not (tf.executing_eagerly() and is_watched(x)):
+        return keras_fn(x)
+    with stop_recording():
+        y, backward = lean_forward(x)
+    record_backward(name, y, [x], backward)
+    return y
+
+
+class Wanted(NamedTuple):
+    """Which gradients a recorded call may be asked for."""
+
+    inputs: bool   # an active tape watches an input
+    weights: bool  # the gradients of the layer's `lean_weights` may be requested
+
+
+class LeanLayer:
+    """Base of memgrad's selective layers: it owns the guard and the recording.
+
+    Anywhere Keras's computation is exact and lean enough (inside a ``tf.function``, or a
+    setting `lean_applies` rejects) the layer runs `keras_call`. In eager mode, a call
+    through which no gradient can flow (no tape watches an input, and the gradients of
+    `lean_weights` cannot be requested: see `weights_wanted`) runs unrecorded. Anywhere
+    else the forward pass runs unrecorded through `lean_forward`, and one operation is
+    recorded whose backward function is the one it returns. A layer states only what its
+    backward keeps, by what that function captures.
+
+    The backward function, ``backward(d_outputs) -> list``, returns one gradient (or
+    ``None``) per input tensor (per element of a list input) and then, when
+    ``wanted.weights``, one per variable of `lean_weights`, in order. Subclasses call
+    `_lean_call` from their ``call``, whose signature Keras reads; a layer that keeps
+    its input for its backward calls `share_kept_input` on it, so a masked ReLU before
+    it need not keep a mask too.
     """
 
+    def lean_weights(self) -> list:
+        """The variables whose gradients the backward returns (default: none)."""
+        return []
+
     def lean_applies(self, inputs, **kwargs) -> bool:
-        """Whether this call takes the lean path (default: always, when watched)."""
+        """Whether this call takes the lean path (default: always, in eager mode)."""
         del inputs, kwargs
         return True
 
-    def lean_forward(self, inputs, **kwargs):
-        """``(outputs, backward)``, computed unrecorded: Keras's outputs and
-        `lean_backward`'s function (subclasses that compute more override this)."""
-        outputs = super().call(inputs, **kwargs)
-        return outputs, self.lean_backward(inputs, outputs)
+    def keras_call(self, inputs, **kwargs):
+        """Keras's own computation of this call."""
+        return super().call(inputs, **kwargs)
 
-    def lean_backward(self, inputs, outputs):
-        """``backward(d_outputs) -> [d_inputs]``, capturing only what it needs."""
+    def lean_forward(self, inputs, wanted, **kwargs):
+        """``(outputs, backward)``, computed unrecorded: `keras_call`'s outputs and
+        `lean_backward`'s function (subclasses that compute more override this)."""
+        outputs = self.keras_call(inputs, **kwargs)
+        return outputs, self.lean_backward(inputs, outputs, wanted)
+
+    def lean_backward(self, inputs, outputs, wanted):
+        """The backward function (see the class docstring), capturing only what it needs."""
         raise NotImplementedError(f"{type(self).__name__} must define lean_backward or lean_forward")
 
     def _lean_call(self, inputs, **kwargs):
-        inputs = tf.convert_to_tensor(inputs)
-        if not (tf.executing_eagerly() and is_watched(inputs) and self.lean_applies(inputs, **kwargs)):
-            return super().call(inputs, **kwargs)
+        if isinstance(inputs, (list, tuple)):
+            inputs = [tf.convert_to_tensor(t) for t in inputs]
+            tensors = list(inputs)
+        else:
+            inputs = tf.convert_to_tensor(inputs)
+            tensors = [inputs]
+        if not (tf.executing_eagerly() and self.lean_applies(inputs, **kwargs)):
+            return self.keras_call(inputs, **kwargs)
+        weights = self.lean_weights()
+        wanted = Wanted(inputs=any(is_watched(t) for t in tensors),
+                        weights=bool(weights) and weights_wanted(self, weights))
+        if not any(wanted):  # no gradient can flow through this call: record nothing
+            with stop_recording():
+                return self.keras_call(inputs, **kwargs)
         with stop_recording():
-            outputs, backward = self.lean_forward(inputs, **kwargs)
-        record_backward(f"memgrad_{type(self).__name__}", outputs, [inputs], backward)
+            outputs, backward = self.lean_forward(inputs, wanted, **kwargs)
+        reads = [watched_read(v) for v in weights] if wanted.weights else []
+        record_backward(f"memgrad_{type(self).__name__}", outputs, tensors + reads, backward)
         return outputs
