@@ -471,15 +471,21 @@ def _peak_of(view, grads, how, hold=None):
     end of the run; False, each is consumed as made; None, held when measured and consumed
     when simulated. ``how``: ``(device, measure, simulate, kernels)``."""
     device, measure, simulate, kernels = how
+    built = {}
+
+    def fetches(held):  # built once each: _consumed adds ops to the graph
+        if held not in built:
+            built[held] = _held(grads) if held else _consumed(view.graph, grads)
+        return built[held]
+
     if measure and device is not None:
-        held = hold is None or hold
-        fetches = _held(grads) if held else _consumed(view.graph, grads)
-        peak = measured_peak(view.graph, fetches, device, count_outputs=True) if fetches else None
+        fetched = fetches(hold is None or hold)
+        peak = measured_peak(view.graph, fetched, device, count_outputs=True) if fetched else None
         if peak:
             return float(peak), "measured"
     if simulate:
-        fetches = _held(grads) if hold else _consumed(view.graph, grads)
-        peak = _simulated(view.graph, fetches, kernels) if fetches else None
+        fetched = fetches(bool(hold))
+        peak = _simulated(view.graph, fetched, kernels) if fetched else None
         if peak:
             return peak, "simulated"
     return None, "model"
