@@ -91,3 +91,23 @@ def test_a_keras_lstm_is_measured():
 
     step.get_concrete_function(tf.random.stateless_normal([8, 32, 4], [0, 1]))
     assert found["peak"] is not None and found["peak"] > 0
+
+
+@pytest.mark.parametrize("largest, expected", [(False, 5), (True, 9)])
+def test_the_runs_give_their_median_or_their_largest(monkeypatch, largest, expected):
+    """Five runs whose allocator peaks read 3, 9, 4, 5 and 6 MiB above a zero baseline."""
+    peaks, resets = [3, 9, 4, 5, 6], []
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: resets.append(device))
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda device: dict(current=0, peak=peaks[len(resets) - 1] * 2**20 if resets else 0))
+    found = {}
+
+    @tf.function
+    def step(x):
+        sums = [tf.reduce_sum(tf.tanh(x))]
+        found["peak"] = measured_peak(tf.compat.v1.get_default_graph(), sums, "CPU:0", count_outputs=True,
+                                      largest=largest)
+        return sums
+
+    step.get_concrete_function(tf.ones([4, 4]))
+    assert found["peak"] == expected * 2**20

@@ -24,10 +24,10 @@ from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 
-# The share of a budget held back by default: plan-time peaks are medians of five runs, but
-# each run's peak varies with the executor's order of ops (by up to 15% on two busy cores),
-# and so does a user's median; simulated ones miss more (kernels' buffers, the allocator's
-# rounding).
+# The share of a budget held back by default: plan-time peaks are the largest of five runs
+# (each run's peak varies with the executor's order of ops, by up to 15% on two busy cores),
+# a step may run in an order none of them did; simulated ones miss more (kernels' buffers,
+# the allocator's rounding).
 MEASURED_MARGIN = 0.04
 # A candidate whose memory-model peak (scaled to plain's measured or simulated peak) is over
 # this multiple of the target is tried only after the others (see `_walk_order`).
@@ -46,7 +46,7 @@ class Budget(Strategy):
 
     One scale, measured: while the step is traced, plain backprop of the same forward pass
     (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
-    real weights, and its peak read from the allocator: the median of five runs after one
+    real weights, and its peak read from the allocator: the largest of five runs after one
     that builds the kernels (`measure=True`, the default). Every gradient is held to the end
     of the run (`hold_gradients`), as in a step that applies them all after the backward pass
     (Keras's optimizers and fit: a half-way Budget's plan on MobileNetV3Small peaked 13% over
@@ -480,7 +480,7 @@ def _peak_of(view, grads, how, hold=None):
 
     if measure and device is not None:
         fetched = fetches(hold is None or hold)
-        peak = measured_peak(view.graph, fetched, device, count_outputs=True) if fetched else None
+        peak = measured_peak(view.graph, fetched, device, count_outputs=True, largest=True) if fetched else None
         if peak:
             return float(peak), "measured"
     if simulate:
