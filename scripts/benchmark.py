@@ -28,7 +28,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
-from memgrad._src.checkpointing import api as checkpointing_api  # noqa: E402
 from memgrad._src.checkpointing.plans import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph  # noqa: E402
 from memgrad.profiler.workloads import (  # noqa: E402

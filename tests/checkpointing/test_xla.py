@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import memgrad
 from memgrad.profiler.workloads import residual_chain
-from tests.checkpointing.models import max_relative_error, residual, rewritten, transformer
+from tests.checkpointing.models import max_relative_error, rewritten, transformer
 from tests.checkpointing.test_parity import _grouped_conv_model
 
 

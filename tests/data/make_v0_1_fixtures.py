@@ -6,7 +6,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 sys.path.insert(0, os.getcwd())
 import numpy as np, keras, tensorflow as tf
 import memgrad
-from models import densenet, revnet
+from models import densenet
 from models.glow import Glow
 
 out = "tests/data"

@@ -14,7 +14,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402

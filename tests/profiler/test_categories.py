@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import memgrad
-from memgrad.profiler import MemoryCategories, OutOfMemoryError, explain_oom, memory_by_category, oom_report
+from memgrad.profiler import OutOfMemoryError, explain_oom, memory_by_category, oom_report
 
 _UNSET = {"TF_CPU_ALLOCATOR_USE_BFC": None}  # as a user's shell has it
 # TensorFlow started before memgrad: without oneDNN its default CPU allocator keeps no statistics

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.profiler import MemoryStatsUnavailableError, format_bytes, parse_bytes, resolve_device
+from memgrad._src.profiler import format_bytes, parse_bytes, resolve_device
 from tests.profiler.measure_probe import ACTIVATION_BYTES, BATCH, KEPT, WIDTH
 
 # Measured in a fresh process (tests/profiler/measure_probe.py): the allocator's history in a

@@ -4,7 +4,6 @@ import keras
 import pytest
 import tensorflow as tf
 
-import memgrad
 from memgrad.profiler import PeakPrediction, predict_max_batch_size, predict_peak
 
 _ONEDNN = {"off": {"TF_ENABLE_ONEDNN_OPTS": "0"}, "on": {"TF_ENABLE_ONEDNN_OPTS": "1"}}

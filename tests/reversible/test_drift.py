@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from memgrad.layers import (
     AdditiveCoupling,
-    AffineCoupling,
     DriftMonitor,
     DriftWarning,
     ReversibleSequence,

@@ -1,6 +1,5 @@
 """Memory of an eager training step: converted vs unconverted Keras model."""
 
-import keras
 import pytest
 import tensorflow as tf
 
