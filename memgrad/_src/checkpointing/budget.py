@@ -9,6 +9,7 @@ refinement of the model's own plan (`Budget._refined`).
 """
 
 import dataclasses
+import functools
 import time
 
 import tensorflow as tf
@@ -24,10 +25,10 @@ from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 
-# The share of a budget held back by default: plan-time peaks are the largest of five runs
+# The share of a budget held back by default: a plan is judged by the largest of five runs
 # (each run's peak varies with the executor's order of ops, by up to 15% on two busy cores),
-# a step may run in an order none of them did; simulated ones miss more (kernels' buffers,
-# the allocator's rounding).
+# but a step may run in an order none of them did; simulated peaks miss more (kernels'
+# buffers, the allocator's rounding).
 MEASURED_MARGIN = 0.04
 # A candidate whose memory-model peak (scaled to plain's measured or simulated peak) is over
 # this multiple of the target is tried only after the others (see `_walk_order`).
@@ -46,7 +47,7 @@ class Budget(Strategy):
 
     One scale, measured: while the step is traced, plain backprop of the same forward pass
     (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
-    real weights, and its peak read from the allocator: the largest of five runs after one
+    real weights, and its peak read from the allocator: the median of five runs after one
     that builds the kernels (`measure=True`, the default). Every gradient is held to the end
     of the run (`hold_gradients`), as in a step that applies them all after the backward pass
     (Keras's optimizers and fit: a half-way Budget's plan on MobileNetV3Small peaked 13% over
@@ -55,7 +56,7 @@ class Budget(Strategy):
     gradients: there ``hold_gradients=False`` accepts budgets the default refuses (on
     MobileNetV3Small, 5% above 'memory''s measured peak). A fractional budget is a share of
     that measured peak, a byte budget is compared with measured peaks, and each candidate
-    plan's rewrite is measured the same way before it is accepted. Under
+    plan's rewrite is measured the same way, but judged by its largest run. Under
     ``jit_compile=True`` the plan-time runs are not compiled. Where the forward pass cannot
     run on its own (an op that writes a variable or advances a random generator, an input
     without a static shape, no allocator statistics), the peaks are simulated by Grappler
@@ -206,7 +207,7 @@ class Budget(Strategy):
         kernels = device if self.scratch else None
         how = (device, self.measure, self.simulate, kernels)
         grads = _plain_gradients(view) if self.refines else None
-        plain, source = _peak_of(view, grads, how, self.hold_gradients) if grads else (None, "model")
+        plain, source = _peak_of(view, grads, how, self.hold_gradients, False) if grads else (None, "model")
         scale = plain / modelled if plain and modelled > 0 else 1.0
         plain_bytes = plain if plain else modelled
         budget = self.resolve(plain_bytes)
@@ -465,22 +466,21 @@ def _held(grads):
     return fetched
 
 
-def _peak_of(view, grads, how, hold=None):
+def _peak_of(view, grads, how, hold=None, largest=True):
     """The measured peak of computing ``grads``, else the simulated one, with its source;
     ``(None, 'model')`` when neither can be had. ``hold``: True, each gradient is alive to the
     end of the run; False, each is consumed as made; None, held when measured and consumed
-    when simulated. ``how``: ``(device, measure, simulate, kernels)``."""
+    when simulated. ``how``: ``(device, measure, simulate, kernels)``. ``largest``: of the
+    measured runs, the largest (a plan's fit) or the median (plain's peak, the scale)."""
     device, measure, simulate, kernels = how
-    built = {}
 
+    @functools.cache
     def fetches(held):  # built once each: _consumed adds ops to the graph
-        if held not in built:
-            built[held] = _held(grads) if held else _consumed(view.graph, grads)
-        return built[held]
+        return _held(grads) if held else _consumed(view.graph, grads)
 
     if measure and device is not None:
         fetched = fetches(hold is None or hold)
-        peak = measured_peak(view.graph, fetched, device, count_outputs=True, largest=True) if fetched else None
+        peak = measured_peak(view.graph, fetched, device, count_outputs=True, largest=largest) if fetched else None
         if peak:
             return float(peak), "measured"
     if simulate:
