@@ -615,3 +615,44 @@ def test_a_measurement_under_the_model_keeps_the_order():
     # Candidate 1 modelled 99, measured 101 (ratio ~1.02): 90 * 1.02 fits: next is 2.
     assert _next_candidate(walk, 1, 101.0) == 2
     assert walk.order == [1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("budget, settles", [(105.0, True), (94.0, False)])
+def test_a_plan_is_judged_by_its_largest_run_and_settled_on_by_its_median(monkeypatch, budget, settles):
+    """A candidate whose median run fits the target but whose largest does not is not taken
+    (a step may run in the order of that largest run); when no candidate's largest run fits,
+    the one with the least median is taken if that median fits the budget itself."""
+    from memgrad._src.checkpointing import budget as budget_module
+    from memgrad._src.checkpointing.budget_measure import Peak
+
+    class FakePlan:
+        def __init__(self, index, walk):
+            self.details = {"candidate": index, "target_bytes": walk.target_bytes, "predicted_bytes": 0.0}
+            self._budget_walk = walk
+
+    runs = {0: Peak(95.0, 108.0, "measured"), 1: Peak(104.0, 110.0, "measured")}  # (median, largest)
+    measuring = []
+    monkeypatch.setattr(budget_module, "peak_of", lambda view, grads, how, hold: runs[measuring[-1]])
+    monkeypatch.setattr(budget_module.Budget, "_plan_for",
+                        lambda self, view, walk, cuts, peak, cost, index: FakePlan(index, walk))
+    walk = budget_module._Walk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=budget,
+                               target_bytes=0.96 * budget, start=0.0, source="measured", margin=0.04)
+    walk.candidates = [(0, 90.0, [0]), (1, 85.0, [1])]
+    walk.order = [0, 1]
+    strategy = budget_module.Budget(int(budget))
+
+    def refine(plan):
+        measuring.append(plan.details["candidate"])
+        return strategy.refine(None, plan, None)
+
+    following = refine(FakePlan(0, walk))
+    assert following.details["candidate"] == 1  # 0's largest run (108) is over the target
+    assert walk.peaks[0] == 108.0 and walk.typical[0] == 95.0
+    if not settles:  # no median fits 94: refused
+        with pytest.raises(memgrad.BudgetError):
+            refine(following)
+        return
+    rebuilt = refine(following)  # 1 is over too: settle on the least median, 0's 95 <= 105
+    assert walk.settled == 0 and rebuilt.details["candidate"] == 0
+    assert refine(rebuilt) is None
+    assert rebuilt.details["predicted_bytes"] == 108.0 and rebuilt.details["within_margin"] is False

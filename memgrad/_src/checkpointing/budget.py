@@ -9,18 +9,16 @@ refinement of the model's own plan (`Budget._refined`).
 """
 
 import dataclasses
-import functools
 import time
 
 import tensorflow as tf
 
+from memgrad._src.checkpointing.budget_measure import NOT_FOUND, peak_of, plain_gradients
 from memgrad._src.checkpointing.budget_planner import (
     BudgetError, CurvePoint, _budget_error, _Planner, budget_curve)
 from memgrad._src.checkpointing.plans import CheckpointPlan, _absorb_bias
 from memgrad._src.checkpointing.strategies import Strategy
 from memgrad._src.graph.kernels import measuring_device
-from memgrad._src.graph.measured import measured_peak
-from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
@@ -71,8 +69,8 @@ class Budget(Strategy):
       margin: the share of the budget held back for what the plan-time figure does not see
         (the executor's own order of ops from call to call, what the step does besides the
         gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. When
-        no candidate is, the one with the least peak is taken if that peak is within the
-        limit itself (``plan.details['within_margin']`` is then False), so a budget at
+        no candidate is, the one with the least median run is taken if that median is within
+        the limit itself (``plan.details['within_margin']`` is then False), so a budget at
         what 'memory' measures is accepted. None (default): 4% when peaks are measured,
         10% when simulated or modelled.
       measure: run plain backprop and each candidate rewrite on zeros at trace time to
@@ -206,8 +204,8 @@ class Budget(Strategy):
         device = measuring_device() if self.measure or (self.simulate and self.scratch) else None
         kernels = device if self.scratch else None
         how = (device, self.measure, self.simulate, kernels)
-        grads = _plain_gradients(view) if self.refines else None
-        plain, source = _peak_of(view, grads, how, self.hold_gradients, False) if grads else (None, "model")
+        grads = plain_gradients(view) if self.refines else None
+        plain, _, source = peak_of(view, grads, how, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0
         plain_bytes = plain if plain else modelled
         budget = self.resolve(plain_bytes)
@@ -295,12 +293,13 @@ class Budget(Strategy):
             details[f"{walk.source}_bytes"] = walk.peaks[rebuilt]
             details["within_margin"] = walk.settled is None
             return None
-        peak, source = _peak_of(view, grads, walk.how, walk.hold)
-        if peak:
-            details[f"{source}_bytes"] = details["predicted_bytes"] = peak
+        found = peak_of(view, grads, walk.how, walk.hold)
+        if found.worst:  # a plan is judged by its largest run: the worst order seen
+            details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.worst
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
         walk.peaks[details["candidate"]] = peak
+        walk.typical[details["candidate"]] = found.typical or peak
         if walk.search is not None:
             return self._bisect(view, walk, plan, peak <= details["target_bytes"])
         if peak <= details["target_bytes"]:
@@ -357,12 +356,13 @@ class Budget(Strategy):
 
     def _settle(self, view, walk, plan):
         """No candidate fits the budget less the margin: the one with the least peak, when
-        that peak fits the budget itself (the margin guards a choice between plans; below
-        every plan but the least there is no choice left, and refusing would refuse budgets
-        'memory' fits), else a BudgetError. Returns None when that is ``plan``, the one
-        just rewritten, else that candidate's plan to rewrite again."""
-        index = min(walk.peaks, key=walk.peaks.get)
-        if walk.peaks[index] > walk.budget_bytes:
+        its median run fits the budget itself (the margin and the largest run guard a choice
+        between plans; below every plan but the least there is no choice left, and refusing
+        would refuse budgets 'memory' fits), else a BudgetError. Returns None when that is
+        ``plan``, the one just rewritten, else that candidate's plan to rewrite again."""
+        typical = {i: walk.typical.get(i, peak) for i, peak in walk.peaks.items()}
+        index = min(typical, key=typical.get)
+        if typical[index] > walk.budget_bytes:
             raise self._no_plan(walk)
         walk.settled = index
         if index == plan.details["candidate"]:
@@ -388,6 +388,7 @@ class _Walk:
     hold: bool = None  # gradients alive to the end of the plan-time runs (`hold_gradients`)
     tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
+    typical: dict = dataclasses.field(default_factory=dict)  # candidate index -> its median run
     settled: int = None  # the candidate taken at the budget itself, without the margin
     chosen: int = None  # the candidate a bisection found to fit, rebuilt after it
     search: tuple = None  # a bisection's (lo, hi): none below lo fits, hi fits (or is len)
@@ -430,71 +431,3 @@ def _next_candidate(walk, index, peak):
         first = rest.index(fitting[0])
         walk.order[position:] = rest[first:] + rest[:first]
     return walk.order[position]
-
-
-def _consumed(graph, grads):
-    """A scalar per gradient, to fetch: each gradient is then freed once made, as when a step
-    applies it as soon as it exists (a `Variable.assign_sub` per gradient). Fetching the
-    gradients themselves would hold them all to the end."""
-    with graph.as_default(), tf.name_scope("memgrad_budget_consumer"):
-        return [tf.reduce_sum(g.values if isinstance(g, tf.IndexedSlices) else g)
-                for g in grads if g is not None]
-
-
-def _plain_gradients(view):
-    """A plain `tf.gradients` of ``view`` traced on the side (never run by the step:
-    TensorFlow prunes, before running a function, the ops no output or stateful op needs),
-    or None when it cannot be traced."""
-    try:
-        with view.graph.as_default(), tf.name_scope("memgrad_budget_plain"):
-            grads = tf.gradients(view.ys, view.xs)
-    except Exception:  # noqa: BLE001 - no side gradient: the memory model's figures stand
-        return None
-    return grads if any(g is not None for g in grads) else None
-
-
-def _held(grads):
-    """The tensors of ``grads`` to fetch when measuring: every gradient alive at the end of
-    the run, as in a step that applies them all after the backward pass (Keras's fit, and
-    ``optimizer.apply(tape.gradient(...))``)."""
-    fetched = []
-    for g in grads:
-        if isinstance(g, tf.IndexedSlices):
-            fetched += [g.values, g.indices]
-        elif g is not None:
-            fetched.append(g)
-    return fetched
-
-
-def _peak_of(view, grads, how, hold=None, largest=True):
-    """The measured peak of computing ``grads``, else the simulated one, with its source;
-    ``(None, 'model')`` when neither can be had. ``hold``: True, each gradient is alive to the
-    end of the run; False, each is consumed as made; None, held when measured and consumed
-    when simulated. ``how``: ``(device, measure, simulate, kernels)``. ``largest``: of the
-    measured runs, the largest (a plan's fit) or the median (plain's peak, the scale)."""
-    device, measure, simulate, kernels = how
-
-    @functools.cache
-    def fetches(held):  # built once each: _consumed adds ops to the graph
-        return _held(grads) if held else _consumed(view.graph, grads)
-
-    if measure and device is not None:
-        fetched = fetches(hold is None or hold)
-        peak = measured_peak(view.graph, fetched, device, count_outputs=True, largest=largest) if fetched else None
-        if peak:
-            return float(peak), "measured"
-    if simulate:
-        fetched = fetches(bool(hold))
-        peak = _simulated(view.graph, fetched, kernels) if fetched else None
-        if peak:
-            return peak, "simulated"
-    return None, "model"
-
-
-def _simulated(graph, fetches, kernels=None):
-    """Grappler's simulated peak above the baseline of ``fetches``, or None."""
-    try:
-        simulated = simulate_peak(graph, fetches, kernels=kernels).peak_above_baseline_bytes
-    except Exception:  # noqa: BLE001 - an unsimulatable graph plans on the memory model alone
-        return None
-    return float(simulated) if simulated > 0 else None

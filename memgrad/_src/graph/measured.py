@@ -105,11 +105,18 @@ def _import_plan(graph, graph_def):
     return fed, captured
 
 
-def measured_peak(graph, fetches, device, runs=5, count_outputs=False, largest=False):
-    """The peak bytes above the baseline of running ``fetches`` of ``graph`` on zeros: the
-    median of ``runs`` runs after a first one that builds the kernels (the executor's order of
-    ops, and so the peak, varies from run to run by up to 10-15% on a CPU with two threads),
-    or their largest.
+def measured_peak(graph, fetches, device, runs=5, count_outputs=False):
+    """The median of `measured_peaks`' runs, or None where it returns None."""
+    peaks = measured_peaks(graph, fetches, device, runs=runs, count_outputs=count_outputs)
+    return None if peaks is None else peaks[len(peaks) // 2]
+
+
+def measured_peaks(graph, fetches, device, runs=5, count_outputs=False):
+    """The peak bytes above the baseline of running ``fetches`` of ``graph`` on zeros, in
+    each of ``runs`` runs after a first one that builds the kernels: the executor's order of
+    ops, and so the peak, varies from run to run by up to 10-15% on a CPU with two threads,
+    and some graphs' peaks take two values by it (GPT-2's under a half-way Budget: 22 or
+    25.5 MiB), which a median of five runs can miss.
 
     Args:
       graph: a `tf.Graph` or FuncGraph (typically one being traced).
@@ -119,13 +126,9 @@ def measured_peak(graph, fetches, device, runs=5, count_outputs=False, largest=F
       count_outputs: count the fetched tensors in the peak (they are alive at the end of
         the run, as a step's gradients are until an optimizer applies them all); by default
         they are subtracted.
-      largest: the largest of the runs instead of their median, for a bound: the peak
-        of some graphs takes two values, by the order the executor happens to run their
-        ops in (GPT-2's under a half-way Budget: 22 or 25.5 MiB), and a median of five
-        runs can miss the one most calls take.
 
     Returns:
-      The bytes, or None when the ops cannot be run on their own without changing state
+      The runs' bytes, smallest first, or None when the ops cannot be run on their own without changing state
       (see the module's docstring) or the run fails.
     """
     if device is None or not statistics_available(device):
@@ -173,4 +176,4 @@ def measured_peak(graph, fetches, device, runs=5, count_outputs=False, largest=F
                 del arguments
     except (tf.errors.OpError, ValueError, TypeError, KeyError):
         return None
-    return max(peaks) if largest else sorted(peaks)[len(peaks) // 2]
+    return sorted(peaks)
