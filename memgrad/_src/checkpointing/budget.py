@@ -69,10 +69,9 @@ class Budget(Strategy):
       margin: the share of the budget held back for what the plan-time figure does not see
         (the executor's own order of ops from call to call, what the step does besides the
         gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. When
-        no candidate is, the one with the least median run is taken if that median is within
-        the limit itself (``plan.details['within_margin']`` is then False), so a budget at
-        what 'memory' measures is accepted. None (default): 4% when peaks are measured,
-        10% when simulated or modelled.
+        no candidate is, the one with the least peak is taken if that peak is within the
+        limit itself (``plan.details['within_margin']`` is then False). None (default): 4%
+        when peaks are measured, 10% when simulated or modelled.
       measure: run plain backprop and each candidate rewrite on zeros at trace time to
         measure their peaks (default). ``False`` simulates them.
       simulate: where peaks are not measured, simulate them (default). ``False`` with
@@ -299,7 +298,6 @@ class Budget(Strategy):
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
         walk.peaks[details["candidate"]] = peak
-        walk.typical[details["candidate"]] = found.typical or peak
         if walk.search is not None:
             return self._bisect(view, walk, plan, peak <= details["target_bytes"])
         if peak <= details["target_bytes"]:
@@ -356,13 +354,12 @@ class Budget(Strategy):
 
     def _settle(self, view, walk, plan):
         """No candidate fits the budget less the margin: the one with the least peak, when
-        its median run fits the budget itself (the margin and the largest run guard a choice
-        between plans; below every plan but the least there is no choice left, and refusing
-        would refuse budgets 'memory' fits), else a BudgetError. Returns None when that is
-        ``plan``, the one just rewritten, else that candidate's plan to rewrite again."""
-        typical = {i: walk.typical.get(i, peak) for i, peak in walk.peaks.items()}
-        index = min(typical, key=typical.get)
-        if typical[index] > walk.budget_bytes:
+        that peak (its largest run) fits the budget itself (the margin guards a choice between
+        plans; below every plan but the least there is no choice left), else a BudgetError.
+        Returns None when that is ``plan``, the one just rewritten, else that candidate's plan
+        to rewrite again."""
+        index = min(walk.peaks, key=walk.peaks.get)
+        if walk.peaks[index] > walk.budget_bytes:
             raise self._no_plan(walk)
         walk.settled = index
         if index == plan.details["candidate"]:
@@ -388,7 +385,6 @@ class _Walk:
     hold: bool = None  # gradients alive to the end of the plan-time runs (`hold_gradients`)
     tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
-    typical: dict = dataclasses.field(default_factory=dict)  # candidate index -> its median run
     settled: int = None  # the candidate taken at the budget itself, without the margin
     chosen: int = None  # the candidate a bisection found to fit, rebuilt after it
     search: tuple = None  # a bisection's (lo, hi): none below lo fits, hi fits (or is len)
