@@ -113,15 +113,16 @@ def _median_peak(step, inputs, labels):
 def budget_sweep(fractions, batch_size=8):
     """Measured peaks above baseline (median of three calls) of the GPT-2 backbone's training
     step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' figures:
-    ``{"measured", "predicted", "budget", "candidate", "recomputed", "smallest_fraction":
-    [...], "plain", "memory": bytes, "memory_budget": {...}}``, lists in the given order; a
+    ``{"measured", "predicted", "budget", "candidate", "recomputed", "within_margin",
+    "smallest_fraction": [...], "plain", "memory": bytes, "memory_budget": {...}}``, lists in
+    the given order (``within_margin``: False for a plan settled on as the least peak); a
     fraction that raised BudgetError has None figures and the smallest fraction the error
     named. "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures:
     its budget, measured peak and whether it was refused; when refused, the budget the
     error names ("named") is planned in turn, with its measured peak ("named_measured")."""
     model = _gpt2_backbone()
     inputs, labels = _batch(model, batch_size)
-    result = {"measured": [], "predicted": [], "budget": [], "candidate": [], "recomputed": [],
+    result = {"measured": [], "predicted": [], "budget": [], "candidate": [], "recomputed": [], "within_margin": [],
               "smallest_fraction": []}
 
     def planned(checkpoints):
@@ -136,7 +137,7 @@ def budget_sweep(fractions, batch_size=8):
         except memgrad.BudgetError as error:  # autograph keeps the type, not the attributes
             named = re.search(r"a fraction of at least ([0-9.]+)", str(error))
             result["smallest_fraction"].append(float(named.group(1)) if named else None)
-            for key in ("measured", "predicted", "budget", "candidate", "recomputed"):
+            for key in ("measured", "predicted", "budget", "candidate", "recomputed", "within_margin"):
                 result[key].append(None)
             continue
         result["smallest_fraction"].append(None)
@@ -144,6 +145,7 @@ def budget_sweep(fractions, batch_size=8):
         result["budget"].append(details["budget_bytes"])
         result["candidate"].append(details["candidate"])
         result["recomputed"].append(details["recomputed_flops"])
+        result["within_margin"].append(details["within_margin"])
         result["measured"].append(_median_peak(step, inputs, labels))
     result["plain"] = _median_peak(training_step(model), inputs, labels)
     result["memory"] = _median_peak(training_step(model, "memory"), inputs, labels)
