@@ -72,26 +72,26 @@ def _is_keras_hub_gelu_approximate(activation):
             and getattr(activation, "__module__", "").startswith("keras_hub."))
 
 
+def _lean_version(activation):
+    """``(function, forward)`` of ``activation``'s memgrad version, or None if there is none:
+    the function (`masked_relu`, `lean_gelu`) and its ``forward(x) -> (y, backward)``."""
+    if activation is keras.activations.relu:
+        return masked_relu, lambda x: _masked_relu_forward(x, None)
+    if activation is keras.activations.gelu:
+        return _gelu_exact, lambda x: _lean_gelu_forward(x, approximate=False)
+    if _is_keras_hub_gelu_approximate(activation):
+        return _gelu_tanh, lambda x: _lean_gelu_forward(x, approximate=True)
+    return None
+
+
 def lean_activation(activation):
     """The memgrad version of a Keras activation function, or ``None`` if there is none.
 
     ``relu`` (Keras's defaults) becomes `masked_relu`, ``gelu`` (and keras-hub's
     ``gelu_approximate``) `lean_gelu`.
     """
-    if activation is keras.activations.relu:
-        return masked_relu
-    if activation is keras.activations.gelu:
-        return _gelu_exact
-    if _is_keras_hub_gelu_approximate(activation):
-        return _gelu_tanh
-    return None
-
-
-def _lean_forward_of(activation):
-    """``forward(x) -> (y, backward)`` of ``activation``'s memgrad version (`lean_activation`'s)."""
-    if activation is keras.activations.relu:
-        return lambda x: _masked_relu_forward(x, None)
-    return lambda x: _lean_gelu_forward(x, approximate=activation is not keras.activations.gelu)
+    version = _lean_version(activation)
+    return None if version is None else version[0]
 
 
 def apply_activation(activation, x):
@@ -134,4 +134,4 @@ class Activation(LeanLayer, keras.layers.Activation):
         return self._lean_call(inputs)
 
     def lean_forward(self, inputs, wanted):
-        return _lean_forward_of(self.activation)(inputs)
+        return _lean_version(self.activation)[1](inputs)
