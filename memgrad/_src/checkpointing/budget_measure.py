@@ -78,8 +78,9 @@ def peak_of(view, grads, how, hold=None) -> Peak:
     if measure and device is not None:
         fetched = fetches(hold is None or hold)
         runs = measured_peaks(view.graph, fetched, device, count_outputs=True) if fetched else None
-        if runs and runs[len(runs) // 2] > 0:
-            return Peak(float(runs[len(runs) // 2]), float(runs[-1]), "measured")
+        median = runs[len(runs) // 2] if runs else 0
+        if median > 0:
+            return Peak(float(median), float(runs[-1]), "measured")
     if simulate:
         fetched = fetches(bool(hold))
         peak = simulated(view.graph, fetched, kernels) if fetched else None

@@ -9,6 +9,11 @@ from memgrad._src.selective.relu import share_kept_input
 from memgrad._src.selective.tape import LeanLayer
 
 
+def _scale_and_offset(layer):
+    """A normalisation's trainable weights: ``gamma`` if it scales, ``beta`` if it centres."""
+    return ([layer.gamma] if layer.scale else []) + ([layer.beta] if layer.center else [])
+
+
 @keras.saving.register_keras_serializable(package="memgrad")
 class BatchNormalization(LeanLayer, keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` with a lean inference-mode backward.
@@ -34,7 +39,7 @@ class BatchNormalization(LeanLayer, keras.layers.BatchNormalization):
         return not (training and self.trainable) and last_axis and mask is None
 
     def lean_weights(self):
-        return ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        return _scale_and_offset(self)
 
     def lean_forward(self, inputs, wanted, training=None, mask=None):
         outputs = self.keras_call(inputs, training=False)
@@ -94,7 +99,7 @@ class LayerNormalization(LeanLayer, keras.layers.LayerNormalization):
         return not self.rms_scaling
 
     def lean_weights(self):
-        return ([self.gamma] if self.scale else []) + ([self.beta] if self.center else [])
+        return _scale_and_offset(self)
 
     def lean_backward(self, inputs, outputs, wanted):
         rank = inputs.shape.rank
