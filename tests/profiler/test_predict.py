@@ -154,7 +154,7 @@ def test_predicted_max_batch_within_20_percent_of_what_fits_on_the_emulated_devi
 @pytest.mark.memory
 def test_budget_sweep_on_a_keras_hub_backbone_holds_each_budget_on_the_measured_scale(fresh_results):
     """Budget(f) on GPT2Backbone (random init, batch 8), f from 1.0 down: f is a share of
-    plain backprop's peak as measured at trace time (one run on zeros, median of three).
+    plain backprop's peak as measured at trace time (the largest of fifteen runs on zeros).
     Measured (median of three calls, oneDNN on / off): plain 40.6 / 40.8 MiB, 'memory' 21.7
     / 21.1; Budget(0.85 / 0.7 / 0.6 / 0.5): 34.1 / 27.9 / 19.9 / 18.3 MiB against budgets of
     35.8 / 28.1 / 23.8 / 19.9 (oneDNN off: 32.5 / 25.1 / 19.4 / 19.5 against 33.8 / 27.7 /

@@ -23,10 +23,10 @@ from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 
-# The share of a budget held back by default: a plan is judged by the largest of five runs
-# (each run's peak varies with the executor's order of ops, by up to 15% on two busy cores),
-# but a step may run in an order none of them did; simulated peaks miss more (kernels'
-# buffers, the allocator's rounding).
+# The share of a budget held back by default: a plan is judged by the largest of fifteen
+# runs (each run's peak varies with the executor's order of ops, by up to 15% on two busy
+# cores), but a step may run in an order none of them did; simulated peaks miss more
+# (kernels' buffers, the allocator's rounding).
 MEASURED_MARGIN = 0.04
 # A candidate whose memory-model peak (scaled to plain's measured or simulated peak) is over
 # this multiple of the target is tried only after the others (see `_walk_order`).
@@ -45,16 +45,17 @@ class Budget(Strategy):
 
     One scale, measured: while the step is traced, plain backprop of the same forward pass
     (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
-    real weights, and its peak read from the allocator: the median of five runs after one
-    that builds the kernels (`measure=True`, the default). Every gradient is held to the end
-    of the run (`hold_gradients`), as in a step that applies them all after the backward pass
-    (Keras's optimizers and fit: a half-way Budget's plan on MobileNetV3Small peaked 13% over
-    its figure with the gradients consumed as made); a step that frees each as it is made (a
-    ``variable.assign_sub(lr * grad)`` per gradient) peaks lower, by up to the size of all
-    gradients: there ``hold_gradients=False`` accepts budgets the default refuses (on
-    MobileNetV3Small, 5% above 'memory''s measured peak). A fractional budget is a share of
-    that measured peak, a byte budget is compared with measured peaks, and each candidate
-    plan's rewrite is measured the same way, but judged by its largest run. Under
+    real weights, and its peak read from the allocator: the largest of fifteen runs after one
+    that builds the kernels (`measure=True`, the default; a run's peak moves with the
+    executor's order of ops, and a step may take the order of the largest). Every gradient
+    is held to the end of the run (`hold_gradients`), as in a step that applies them all
+    after the backward pass (Keras's optimizers and fit: a half-way Budget's plan on
+    MobileNetV3Small peaked 13% over its figure with the gradients consumed as made); a step
+    that frees each as it is made (a ``variable.assign_sub(lr * grad)`` per gradient) peaks
+    lower, by up to the size of all gradients: there ``hold_gradients=False`` accepts
+    budgets the default refuses (on MobileNetV3Small, 5% above 'memory''s measured peak). A
+    fractional budget is a share of that measured peak, a byte budget is compared with
+    measured peaks, and each candidate plan's rewrite is measured the same way. Under
     ``jit_compile=True`` the plan-time runs are not compiled. Where the forward pass cannot
     run on its own (an op that writes a variable or advances a random generator, an input
     without a static shape, no allocator statistics), the peaks are simulated by Grappler
@@ -100,7 +101,7 @@ class Budget(Strategy):
     rescaled model still puts over are tried last (`_next_candidate`). Where the model
     puts every candidate further over, it bisects them by measured peak (`_bisect`); a
     BudgetError then names the least peak among those measured. A tight budget builds and
-    measures more rewrites (six forward and backward passes on zeros each, at trace time).
+    measures more rewrites (sixteen forward and backward passes on zeros each, at trace time).
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
     `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's measured
@@ -204,7 +205,7 @@ class Budget(Strategy):
         kernels = device if self.scratch else None
         how = (device, self.measure, self.simulate, kernels)
         grads = plain_gradients(view) if self.refines else None
-        plain, _, source = peak_of(view, grads, how, self.hold_gradients) if grads else NOT_FOUND
+        plain, source = peak_of(view, grads, how, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0
         plain_bytes = plain if plain else modelled
         budget = self.resolve(plain_bytes)
@@ -293,8 +294,8 @@ class Budget(Strategy):
             details["within_margin"] = walk.settled is None
             return None
         found = peak_of(view, grads, walk.how, walk.hold)
-        if found.worst:  # a plan is judged by its largest run: the worst order seen
-            details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.worst
+        if found.bytes:  # a plan is judged by its largest run: the worst order seen
+            details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.bytes
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
         walk.peaks[details["candidate"]] = peak
