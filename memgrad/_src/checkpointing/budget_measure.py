@@ -14,8 +14,8 @@ from memgrad._src.graph.simulate import simulate_peak
 
 # Plan-time runs per peak. Some plans' peaks take two values by the executor's order of ops,
 # and five runs could all take the low one: on GPT-2 (2 x 128, batch 8) the step's median
-# then measured up to 1.17x a plan's largest of five runs (30 plans, six processes), against
-# 1.01x its largest of fifteen (15 plans, three processes).
+# then measured up to 1.17x a plan's largest of five runs (53 plans, 11 processes), against
+# 1.06x its largest of fifteen (41 plans, nine processes, oneDNN on and off).
 PLAN_RUNS = 15
 
 
