@@ -25,6 +25,12 @@ FRESH_PROCESSES = {
 }
 
 
+def _slow_variant(*values):
+    """A measuring variant: it walks rewrites measured fifteen times each (78-107 s on two
+    cores), so it runs with the slow tests."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def probes(fresh_results):
     """Predicted and measured peaks per workload, each measured in a fresh process."""
@@ -202,7 +208,7 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
         step(memgrad.strategies.Budget(int(smallest * 0.98), margin=0.0, measure=False, simulate=False))
 
 
-@pytest.mark.parametrize("measure, slack, under", [(False, 1.001, 0.97), (True, 1.1, 0.85)])
+@pytest.mark.parametrize("measure, slack, under", [(False, 1.001, 0.97), _slow_variant(True, 1.1, 0.85)])
 def test_budget_below_any_plan_names_the_smallest_that_fits(measure, slack, under):
     """The default Budget: the smallest budget is the least measured (or simulated) peak of
     its candidate plans (all tried when none fits); that budget is accepted. Measured peaks
@@ -225,7 +231,7 @@ def test_budget_below_any_plan_names_the_smallest_that_fits(measure, slack, unde
         step(memgrad.strategies.Budget(int(smallest * under), margin=0.0, measure=measure))
 
 
-@pytest.mark.parametrize("measure, slack, under", [(False, 1.0, 0.97), (True, 1.1, 0.85)])
+@pytest.mark.parametrize("measure, slack, under", [(False, 1.0, 0.97), _slow_variant(True, 1.1, 0.85)])
 def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits(measure, slack, under):
     # Measured, the weights' gradients (12 MiB) count to the end of the step: on 256 rows
     # every plan then measures within a few percent of plain backprop, so 2,048 rows. The
@@ -266,7 +272,7 @@ def test_a_budget_the_least_plan_fits_only_without_the_margin_is_accepted():
         step(memgrad.strategies.Budget(int(least * 0.97), measure=False))
 
 
-@pytest.mark.parametrize("measure", [False, True])
+@pytest.mark.parametrize("measure", [False, _slow_variant(True)])
 def test_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits(measure):
     """Over a sweep of budgets, each Budget keeps the cheapest of one shared set of candidate
     plans whose peak fits: a smaller budget never gets less recomputation (measuring, unless
