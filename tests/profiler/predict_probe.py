@@ -76,8 +76,7 @@ def predicted_and_measured(name, batch_size, checkpoints=None, image_size=64):
     step = training_step(model, checkpoints)
     inputs, labels = _batch(model, batch_size)
     prediction = memgrad.profiler.predict_peak(step, (inputs, labels))
-    measured = sorted(memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
-                      .peak_above_baseline_bytes for i in range(3))[1]
+    measured = _median_peak(step, (inputs, labels), calls=3)
     return {"predicted": prediction.peak_above_baseline_bytes, "measured": measured,
             "notes": list(prediction.notes), "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
 
@@ -105,11 +104,11 @@ def max_batch_predicted_and_found(limit, overhead_bytes):
             "traces": len(predicted.probes), "runs": len(found.probes)}
 
 
-def _median_peak(step, inputs, labels, calls=7):
-    """The median peak above baseline of ``calls`` calls: a step's peak moves from call to
-    call by up to 10% here, and a median of three calls of one plan read 22.5 MiB where
-    'memory' read 20.4 in the same process."""
-    return sorted(memgrad.profiler.measure(step, (inputs, labels), device="CPU:0", warmup=int(i == 0))
+def _median_peak(step, args, calls=7):
+    """The median peak above baseline of ``calls`` calls of ``step(*args)``: a step's peak
+    moves from call to call by up to 10% here, and in the budget sweep a median of three
+    calls of one plan read 22.5 MiB where 'memory' read 20.4 in the same process."""
+    return sorted(memgrad.profiler.measure(step, args, device="CPU:0", warmup=int(i == 0))
                   .peak_above_baseline_bytes for i in range(calls))[calls // 2]
 
 
@@ -149,20 +148,20 @@ def budget_sweep(fractions, batch_size=8):
         result["candidate"].append(details["candidate"])
         result["recomputed"].append(details["recomputed_flops"])
         result["within_margin"].append(details["within_margin"])
-        result["measured"].append(_median_peak(step, inputs, labels))
-    result["plain"] = _median_peak(training_step(model), inputs, labels)
-    result["memory"] = _median_peak(training_step(model, "memory"), inputs, labels)
+        result["measured"].append(_median_peak(step, (inputs, labels)))
+    result["plain"] = _median_peak(training_step(model), (inputs, labels))
+    result["memory"] = _median_peak(training_step(model, "memory"), (inputs, labels))
     budget = int(1.05 * result["memory"])
     try:
         step, _ = planned(memgrad.strategies.Budget(budget))
         result["memory_budget"] = {"budget": budget, "refused": False,
-                                   "measured": _median_peak(step, inputs, labels)}
+                                   "measured": _median_peak(step, (inputs, labels))}
     except memgrad.BudgetError as error:
         named = float(re.search(r"a budget of at least ([0-9.]+) MiB", str(error)).group(1))
         named = int((named + 0.005) * 2**20) + 1  # the error rounds to 0.01 MiB
         step, _ = planned(memgrad.strategies.Budget(named))
         result["memory_budget"] = {"budget": budget, "refused": str(error)[-400:], "measured": None,
-                                   "named": named, "named_measured": _median_peak(step, inputs, labels)}
+                                   "named": named, "named_measured": _median_peak(step, (inputs, labels))}
     return result
 
 
@@ -209,7 +208,6 @@ def scratch_predicted_and_measured():
         result[name] = {
             "with": memgrad.profiler.predict_peak(step, x).peak_above_baseline_bytes,
             "without": memgrad.profiler.predict_peak(step, x, scratch=False).peak_above_baseline_bytes,
-            "measured": sorted(memgrad.profiler.measure(step, (x,), device="CPU:0", warmup=int(i == 0))
-                               .peak_above_baseline_bytes for i in range(3))[1],
+            "measured": _median_peak(step, (x,), calls=3),
         }
     return result
