@@ -47,10 +47,10 @@ def probes(fresh_results):
 @pytest.mark.parametrize("plan", ["plain", "memory", "sqrt"])
 def test_predicted_peak_within_20_percent_of_measured(probes, name, plan):
     """The model predicts the peak of one schedule; the executor's threads run ready ops in
-    an order that changes from call to call, and with it the peak (one plan on dense blocks:
-    33-43 MiB; under sqrt spacing, predicted 41.0 MiB, the median of five calls was 34.1 MiB
-    on one machine and within 20% of 41.0 on another). The prediction is held within 20% of
-    the range of the five calls' peaks."""
+    an order that changes from call to call, and with it the peak (dense blocks under sqrt
+    spacing: predicted 41.0 MiB, thirty calls measured 32.8-41.3, about 40% of them at or
+    below 34.1, so the largest of five calls fell below 41.0 / 1.2 about once in a hundred).
+    The prediction is held within 20% of the range of fifteen calls' peaks."""
     r = probes[name][plan]
     low, high = r["measured_range"]
     assert 0.8 * low <= r["predicted"] <= 1.2 * high, (
@@ -338,19 +338,26 @@ def _assigning_step(checkpoints, batch=256):
     return step, tf.ones(shape)
 
 
+def _peaks(step, x, runs):
+    return sorted(memgrad.profiler.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
+                  for _ in range(runs))
+
+
 def _median_peak(step, x, runs=3):
-    peaks = [memgrad.profiler.measure(step, (x,), device="CPU:0").peak_above_baseline_bytes
-             for _ in range(runs)]
-    return sorted(peaks)[runs // 2]
+    return _peaks(step, x, runs)[runs // 2]
 
 
 @pytest.mark.memory
 def test_hold_gradients_false_accepts_and_holds_a_budget_near_memory_on_a_step_that_consumes_them():
     """On a step that applies each gradient as made, the default Budget (every gradient held
     to the end of its plan-time runs: 12 MiB of weights' gradients on top of 'memory''s few
-    MiB of activations here) refuses 5% above 'memory''s measured peak; with
-    ``hold_gradients=False`` that budget is accepted, and the step's measured peak holds it."""
-    memory = _median_peak(*_assigning_step("memory"))
+    MiB of activations here) refuses 5% above 'memory''s largest measured peak; with
+    ``hold_gradients=False`` that budget is accepted, and the step's measured peak holds it.
+
+    A Budget judges each plan by the largest of its plan-time runs, so the budget is set on
+    the same scale: 'memory''s step peaks move between 4.0 and 4.5 MiB from call to call,
+    and 5% above their median (4.2 MiB) was refused once, naming 4.43 MiB."""
+    memory = _peaks(*_assigning_step("memory"), runs=7)[-1]
     budget = int(memory * 1.05)
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least"):
         step, x = _assigning_step(memgrad.strategies.Budget(budget))
