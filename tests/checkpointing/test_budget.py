@@ -212,10 +212,10 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
 def test_budget_below_any_plan_names_the_smallest_that_fits(measure, slack, under):
     """The default Budget: the smallest budget is the least measured (or simulated) peak of
     its candidate plans (all tried when none fits); that budget is accepted. Measured peaks
-    are medians of five runs, which vary from one trace to the next by a few percent (7% on
-    a 4 MiB peak), so the measured case asks 10% above the figure named; it runs 2,048 rows,
-    since the weights' gradients, counted to the end of the step, would leave no room
-    between plans on 256."""
+    are the largest of fifteen runs, which still vary from one trace to the next by a few
+    percent (7% on a 4 MiB peak), so the measured case asks 10% above the figure named; it
+    runs 2,048 rows, since the weights' gradients, counted to the end of the step, would
+    leave no room between plans on 256."""
     step, *_ = _tanh_chain_tracer(batch=2048 if measure else 256)
 
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least") as info:
