@@ -19,9 +19,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
+from memgrad._src.checkpointing.budget_measure import PLAN_RUNS  # noqa: E402
 from memgrad._src.checkpointing.plans import memory_plan  # noqa: E402
 from memgrad._src.graph import ForwardGraph, MemoryModel  # noqa: E402
-from memgrad._src.checkpointing.budget_measure import PLAN_RUNS  # noqa: E402
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS  # noqa: E402
 
 
