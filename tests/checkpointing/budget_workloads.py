@@ -1,6 +1,8 @@
 """Workloads for the budget planner's tests: chains, residual nets, dense blocks, U-Net skips
 and a chain of uneven widths; each returns (weights, loss_fn, input shape)."""
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -60,3 +62,10 @@ WORKLOADS = {"residual": residual, "tanh_chain": tanh_chain, "dense_blocks": den
 # The op type whose outputs are the layers' outputs: sqrt(n) spacing keeps every k-th one.
 LAYER_OUTPUT = {"residual": "AddV2", "tanh_chain": "Tanh", "dense_blocks": "Relu",
                 "uneven": "Relu"}
+
+
+def sqrt_spacing(model, layer_type):
+    """Cuts after every k-th layer, k = round(sqrt(layers)): the tensors alive there."""
+    ends = [p for p, op in enumerate(model.profile.ops) if op.type == layer_type]
+    k = max(1, round(math.sqrt(len(ends))))
+    return model.tensors_for(ends[k - 1:-1:k])

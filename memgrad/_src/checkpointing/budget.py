@@ -1,15 +1,18 @@
-"""`Budget`: a checkpoint strategy that fits the step's measured peak in a byte budget.
+"""`Budget`: a checkpoint strategy that fits the step's peak in a byte budget, deterministically.
 
-Its `plan` measures plain backprop's peak (on zeros, at trace time) and picks a first
-candidate among the planner's plans (`memgrad._src.checkpointing.budget_planner`); its
-`refine` measures each candidate's rewrite and walks on while the peak is over the target:
-in the order of `_walk_order`, rescaling the memory model by each measurement
+Its `plan` simulates plain backprop's peak with Grappler (nothing runs; the same graph gives
+the same figure in every process) and picks a first candidate among the planner's plans
+(`memgrad._src.checkpointing.budget_planner`); its `refine` simulates each candidate's
+rewrite and walks on while the peak is over the target:
+in the order of `_walk_order`, rescaling the memory model by each simulated peak
 (`_next_candidate`), by bisection where the model is far off (`Budget._bisect`), with one
-refinement of the model's own plan (`Budget._refined`).
+refinement of the model's own plan (`Budget._refined`). Every step of the walk reads
+figures that depend on the graph alone, so its decision and plan do too.
 """
 
 import dataclasses
 import time
+import warnings
 
 import tensorflow as tf
 
@@ -23,12 +26,11 @@ from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 
-# The share of a budget held back by default: a plan is judged by the largest of fifteen
-# runs (each run's peak varies with the executor's order of ops, by up to 15% on two busy
-# cores), but a step may run in an order none of them did; simulated peaks miss more
-# (kernels' buffers, the allocator's rounding).
-MEASURED_MARGIN = 0.04
-# A candidate whose memory-model peak (scaled to plain's measured or simulated peak) is over
+# The share of a budget held back by default, for what a simulated (or modelled) peak does
+# not see: the executor's order of ops, which moves a step's peak by 5-10% from call to
+# call, the allocator's rounding. Measured (2-core CPU, oneDNN on): GPT-2 6x384's half-way
+# plan simulated at 121 MiB and stepped at 126-138, DenseNet121's at 34 and 35-38.
+# A candidate whose memory-model peak (scaled to plain's simulated peak) is over
 # this multiple of the target is tried only after the others (see `_walk_order`).
 SKIP_ABOVE = 1.25
 SIMULATED_MARGIN = 0.1
@@ -43,75 +45,70 @@ class Budget(Strategy):
     `memgrad.profiler.measure(step).peak_above_baseline_bytes` reads for a step that computes
     gradients.
 
-    One scale, measured: while the step is traced, plain backprop of the same forward pass
-    (a `tf.gradients` traced on the side) is run on zeros of the inputs' shapes with the
-    real weights, and its peak read from the allocator: the largest of fifteen runs after one
-    that builds the kernels (`measure=True`, the default; a run's peak moves with the
-    executor's order of ops, and a step may take the order of the largest). Every gradient
-    is held to the end of the run (`hold_gradients`), as in a step that applies them all
-    after the backward pass (Keras's optimizers and fit: a half-way Budget's plan on
-    MobileNetV3Small peaked 13% over its figure with the gradients consumed as made); a step
-    that frees each as it is made (a ``variable.assign_sub(lr * grad)`` per gradient) peaks
-    lower, by up to the size of all gradients: there ``hold_gradients=False`` accepts
-    budgets the default refuses (on MobileNetV3Small, 5% above 'memory''s measured peak). A
-    fractional budget is a share of that measured peak, a byte budget is compared with
-    measured peaks, and each candidate plan's rewrite is measured the same way. Under
-    ``jit_compile=True`` the plan-time runs are not compiled. Where the forward pass cannot
-    run on its own (an op that writes a variable or advances a random generator, an input
-    without a static shape, no allocator statistics), the peaks are simulated by Grappler
-    instead (`simulate`), as `memgrad.profiler.predict_peak` does, and failing that taken
-    from the planner's memory model.
-    ``plan.details['scale_source']`` says which.
+    Deterministic: the Budget plans on figures of the graph alone, never on a run. While the
+    step is traced, plain backprop of the same forward pass (a `tf.gradients` traced on the
+    side, never run) and each candidate plan's rewrite are simulated by Grappler, as
+    `memgrad.profiler.predict_peak` does: every op's outputs allocated from their static
+    shapes in the schedule Grappler's virtual cluster runs, with the optimizations
+    TensorFlow applies before a function runs. The same graph and budget give the same
+    decision and the same plan in every call and every process. A fraction is of plain
+    backprop's simulated peak; a byte budget is compared with simulated peaks. A step's
+    measured peak moves by 5-10% from call to call with the executor's order of ops, and
+    sits a few percent off the simulation; the margin (10%) is held back for that. Where
+    Grappler cannot simulate the graph, the planner's memory model gives the figures
+    (``plan.details['scale_source']``: 'simulated' or 'model').
+
+    Every gradient is counted alive to the end of the backward pass (`hold_gradients`), as
+    in a step that applies them all after it (Keras's optimizers and ``fit``,
+    ``optimizer.apply(tape.gradient(...))``); a step that frees each as it is made (one
+    ``variable.assign_sub(lr * grad)`` per gradient) peaks lower, by up to the size of all
+    gradients: there ``hold_gradients=False`` accepts budgets the default refuses.
 
     Args:
       limit: bytes (an int, or a string such as `"96MiB"` or `"1.5GB"`), or a float in
-        (0, 1]: a fraction of plain backprop's peak (measured, see above). A budget at or
-        above it keeps nothing and recomputes nothing.
-      margin: the share of the budget held back for what the plan-time figure does not see
-        (the executor's own order of ops from call to call, what the step does besides the
+        (0, 1]: a fraction of plain backprop's (simulated) peak. A budget at or above it
+        keeps nothing and recomputes nothing (``plan.details['same_as_plain']``).
+      margin: the share of the budget held back for what the simulated figure does not see
+        (the executor's order of ops from call to call, what the step does besides the
         gradients): plans are accepted at a peak of at most `(1 - margin) * limit`. When
         no candidate is, the one with the least peak is taken if that peak is within the
-        limit itself (``plan.details['within_margin']`` is then False). None (default): 4%
-        when peaks are measured, 10% when simulated or modelled.
-      measure: run plain backprop and each candidate rewrite on zeros at trace time to
-        measure their peaks (default). ``False`` simulates them.
-      simulate: where peaks are not measured, simulate them (default). ``False`` with
-        ``measure=False`` uses the planner's memory model alone.
-      scratch: count kernels' scratch buffers in the simulations, measured as
+        limit itself (``plan.details['within_margin']`` is then False). None (default): 10%.
+      measure: deprecated and ignored (a Budget no longer runs the step on zeros to measure
+        plans: the measured figures moved with the executor's order, and with them the
+        plan). True warns once.
+      simulate: simulate peaks with Grappler (default). ``False`` plans on the memory
+        model alone (cheaper; its figures can be far off on convolutional networks).
+      scratch: count kernels' scratch buffers in the simulations, as
         `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
         call runs once alone on zeros, at trace time; results are cached for the process).
-      hold_gradients: True: the plan-time runs keep every gradient alive to their end, as a
-        step that applies them together does (Keras's optimizers, a global-norm clip, loss
-        scaling, accumulation). False: each gradient is consumed as soon as it is made, as
-        a step with one ``assign_sub`` per gradient does; on a step that holds them, the
-        peak can then exceed the budget by up to the gradients' size. None (default): held
-        when measured, consumed when simulated.
+      hold_gradients: True (default, also for None): every gradient counted alive to the
+        end of the backward pass, as a step that applies them together holds them. False:
+        each gradient consumed as soon as it is made; on a step that holds them, the peak
+        can then exceed the budget by up to the gradients' size.
 
     Which plan: it chooses among the memory model's cheapest plan for the target (scaled
-    to the measured plain peak) and plans that are the same for every budget on a graph
+    to the simulated plain peak) and plans that are the same for every budget on a graph
     (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
     plain peak, its leanest plan, the 'memory' strategy's, and prefixes of it: its first k
     cuts, recomputing the forward pass only up to the last). It builds their rewrites
-    from the least recomputation up, measures (or simulates) each, and keeps the first whose
-    peak is within the target; the rewrites not kept are never run by the step. It starts at
-    the cheapest candidate the scaled memory model puts within 25% of the target and tries
-    the cheaper ones last (`_walk_order`), so a smaller budget gets a plan that recomputes
-    as much or more, except where the measured figures of two plans cross. A candidate
-    measured over the target rescales the model by its measured/modelled ratio: those the
-    rescaled model still puts over are tried last (`_next_candidate`). Where the model
-    puts every candidate further over, it bisects them by measured peak (`_bisect`); a
-    BudgetError then names the least peak among those measured. A tight budget builds and
-    measures more rewrites (sixteen forward and backward passes on zeros each, at trace time).
+    from the least recomputation up, simulates each, and keeps the first whose peak is
+    within the target; the rewrites not kept are never run by the step. It starts at the
+    cheapest candidate the scaled memory model puts within 25% of the target and tries the
+    cheaper ones last (`_walk_order`). A candidate simulated over the target rescales the
+    model by its simulated/modelled ratio: those the rescaled model still puts over are
+    tried last (`_next_candidate`). Where the model puts every candidate further over, it
+    bisects them by simulated peak (`_bisect`); a BudgetError then names the least peak
+    among those simulated, plus the margin.
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
-    `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's measured
-    or simulated peak, or the scaled model's when neither could be had), `measured_bytes`,
-    `simulated_bytes`, `plain_bytes` (measured, simulated or modelled: `scale_source`),
-    `modelled_plain_bytes`, `scale` (plain peak over modelled plain peak), `candidate` (its
-    index among `candidates`, None for plain backprop or a model-only plan), `tried_bytes`
-    (the peaks of those tried before it, plain backprop's first), `recomputed_flops`,
-    `forward_flops`, `checkpoints`, `within_margin`, `seconds`; read them from
-    `memgrad.analyze` or the `memgrad.record_rewrites()` log.
+    `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's simulated
+    peak, or the scaled model's when none could be had), `simulated_bytes`, `plain_bytes`
+    (simulated or modelled: `scale_source`), `modelled_plain_bytes`, `scale` (plain peak
+    over modelled plain peak), `candidate` (its index among `candidates`, None for plain
+    backprop or a model-only plan), `tried_bytes` (the peaks of those tried before it,
+    plain backprop's first), `recomputed_flops`, `forward_flops`, `checkpoints`,
+    `within_margin`, `seconds`; read them from `memgrad.analyze` or the
+    `memgrad.record_rewrites()` log.
 
     Raises:
       TypeError: for a limit that is neither a number nor a string, a margin that is not a
@@ -120,9 +117,9 @@ class Budget(Strategy):
       ValueError: for a limit that is not a positive byte size nor a fraction in (0, 1],
         or a margin outside [0, 1).
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
-        in bytes, or as a fraction when the limit was one (the least peak of all
-        candidates, with the margin; that budget is accepted, within the few percent a
-        measured peak moves from one trace to the next).
+        in bytes, or as a fraction when the limit was one (the least simulated peak of the
+        candidates, with the margin). Planning is deterministic, so that budget is
+        accepted when used.
 
     Example:
       ```python
@@ -134,7 +131,7 @@ class Budget(Strategy):
 
     name = "budget"
 
-    def __init__(self, limit, margin=None, measure=True, simulate=True, scratch=True,
+    def __init__(self, limit, margin=None, measure=False, simulate=True, scratch=True,
                  hold_gradients=None):
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
             raise TypeError(f"Budget margin must be a number in [0, 1) or None. Received: "
@@ -147,10 +144,15 @@ class Budget(Strategy):
         if hold_gradients is not None and not isinstance(hold_gradients, bool):
             raise TypeError(f"Budget hold_gradients must be True, False or None. Received: "
                             f"{hold_gradients!r}")
+        if measure:
+            warnings.warn(
+                "Budget(measure=True) is deprecated and ignored: a Budget plans on Grappler's "
+                "simulation of the graph, which gives the same plan in every process (measured "
+                "plan-time runs moved with the executor's order of ops).",
+                DeprecationWarning, stacklevel=2)
         self.scratch = scratch
-        self.hold_gradients = hold_gradients
+        self.hold_gradients = True if hold_gradients is None else hold_gradients
         self.margin = None if margin is None else float(margin)
-        self.measure = measure
         self.simulate = simulate
         if isinstance(limit, bool) or not isinstance(limit, (int, float, str)):
             raise TypeError(
@@ -177,33 +179,30 @@ class Budget(Strategy):
 
     @property
     def refines(self):
-        """Whether `refine` may replace a plan once its rewrite exists (measuring or
-        simulating: the rewrite's own peak decides)."""
-        return self.measure or self.simulate
+        """Whether `refine` may replace a plan once its rewrite exists (simulating: the
+        rewrite's own peak decides)."""
+        return self.simulate
 
     def resolve(self, plain_bytes):
         """The budget in bytes, given plain backprop's peak."""
         return self.fraction * plain_bytes if self.fraction is not None else float(self.bytes)
 
     def _margin(self, source):
-        if self.margin is not None:
-            return self.margin
-        return MEASURED_MARGIN if source == "measured" else SIMULATED_MARGIN
+        return SIMULATED_MARGIN if self.margin is None else self.margin
 
     @tf.autograph.experimental.do_not_convert
     def plan(self, view):
         """The first `CheckpointPlan` for one traced graph (called by `memgrad.gradients`).
 
-        Measuring (or simulating), it is plain backprop when plain's peak fits the budget,
-        else the cheapest candidate plan; `refine` moves on to the next candidate while the
-        rewrite's peak is over the target.
+        Simulating, it is plain backprop when plain's peak fits the budget, else the
+        cheapest candidate plan; `refine` moves on to the next candidate while the
+        rewrite's simulated peak is over the target.
         """
         start = time.perf_counter()
         planner = _Planner(view)
         modelled = planner.plain_bytes
-        device = measuring_device() if self.measure or (self.simulate and self.scratch) else None
-        kernels = device if self.scratch else None
-        how = (device, self.measure, self.simulate, kernels)
+        kernels = measuring_device() if self.simulate and self.scratch else None
+        how = (self.simulate, kernels)
         grads = plain_gradients(view) if self.refines else None
         plain, source = peak_of(view, grads, how, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0
@@ -213,7 +212,7 @@ class Budget(Strategy):
         target = budget * (1.0 - margin)
         walk = _Walk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
                      target_bytes=target, start=start, source=source, margin=margin,
-                     how=(device, source == "measured", self.simulate, kernels),
+                     how=how,
                      hold=self.hold_gradients)
         if source != "model":
             if budget >= plain:
@@ -244,7 +243,7 @@ class Budget(Strategy):
         tensors = _absorb_bias(view, m.tensors_for(cuts))
         details = dict(
             budget_bytes=walk.budget_bytes, target_bytes=walk.target_bytes,
-            predicted_bytes=peak * walk.scale, measured_bytes=None, simulated_bytes=None,
+            predicted_bytes=peak * walk.scale, simulated_bytes=None,
             plain_bytes=walk.plain_bytes, modelled_plain_bytes=walk.planner.plain_bytes,
             scale=walk.scale, scale_source=walk.source, margin=walk.margin, candidate=index,
             candidates=None if index is None else len(walk.candidates),
@@ -269,8 +268,8 @@ class Budget(Strategy):
     @tf.autograph.experimental.do_not_convert
     def refine(self, view, plan, grads):
         """After the rewrite of ``plan`` made ``grads`` (the `Strategy` hook, called by
-        `memgrad.gradients`): its measured (or simulated) peak goes
-        into ``plan.details`` (``measured_bytes`` or ``simulated_bytes``, and
+        `memgrad.gradients`): its simulated peak goes
+        into ``plan.details`` (``simulated_bytes``, and
         ``predicted_bytes``); returns the next candidate plan when that peak is over the
         target, else None (keep this one).
 
@@ -294,7 +293,7 @@ class Budget(Strategy):
             details["within_margin"] = walk.settled is None
             return None
         found = peak_of(view, grads, walk.how, walk.hold)
-        if found.bytes:  # a plan is judged by its largest run: the worst order seen
+        if found.bytes:
             details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.bytes
         peak = details["predicted_bytes"]
         walk.tried.append(peak)
@@ -316,7 +315,7 @@ class Budget(Strategy):
         return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
 
     def _refined(self, view, walk, plan, peak):
-        """Once per walk, when the model's own plan for the target measured ``peak`` over it:
+        """Once per walk, when the model's own plan for the target simulated ``peak`` over it:
         the model's cheapest plan for a target lowered by that overshoot, as a new candidate
         tried next (it recomputes less than the fixed candidates after it, which jump in
         steps of 10% of plain's peak). None when there is none, or it is a candidate already."""
@@ -371,7 +370,7 @@ class Budget(Strategy):
 
 @dataclasses.dataclass
 class _Walk:
-    """A simulating Budget's walk through one graph's candidate plans."""
+    """A Budget's walk through one graph's candidate plans, by their simulated peaks."""
 
     planner: "_Planner"
     scale: float
@@ -379,10 +378,10 @@ class _Walk:
     budget_bytes: float
     target_bytes: float
     start: float
-    source: str = "model"  # where the peaks come from: 'measured', 'simulated' or 'model'
+    source: str = "model"  # where the peaks come from: 'simulated' or 'model'
     margin: float = 0.0
-    # (device, measure, simulate, kernels): how candidate rewrites' peaks are found.
-    how: tuple = (None, False, False, None)
+    # (simulate, kernels): how candidate rewrites' peaks are found.
+    how: tuple = (False, None)
     hold: bool = None  # gradients alive to the end of the plan-time runs (`hold_gradients`)
     tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
@@ -398,10 +397,10 @@ class _Walk:
 def _walk_order(candidates, scale, target):
     """The order candidates are tried in: from the cheapest whose scaled model peak is within
     `SKIP_ABOVE` of the target (the cheaper ones are predicted too far over to be worth a
-    measurement), up; then the skipped ones, cheapest first (the model can rank a plan too
+    simulation), up; then the skipped ones, cheapest first (the model can rank a plan too
     high). Every candidate is tried before a BudgetError. None when the model puts every
     candidate over that: it is then wrong about them (ResNet50's 'memory' plan: modelled at
-    0.97 of plain's peak, measured at 0.41), and `Budget._bisect` searches by measurement."""
+    0.97 of plain's peak, measured at 0.41), and `Budget._bisect` searches by simulated peak."""
     start = next((i for i, (_, peak, _) in enumerate(candidates)
                   if peak * scale <= SKIP_ABOVE * target), None)
     if start is None:
@@ -410,8 +409,8 @@ def _walk_order(candidates, scale, target):
 
 
 def _next_candidate(walk, index, peak):
-    """The candidate to try after ``index`` measured ``peak`` over the target, or None when
-    every candidate has been tried. The model's figures are rescaled by that measurement
+    """The candidate to try after ``index`` simulated ``peak`` over the target, or None when
+    every candidate has been tried. The model's figures are rescaled by that peak
     (its peak over its scaled model peak): the candidates after it in the order that the
     rescaled model still puts over the target are moved to the end of the order, so the
     next one tried is the cheapest predicted to fit (they are still tried, before a

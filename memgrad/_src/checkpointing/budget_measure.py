@@ -1,5 +1,5 @@
-"""How a `Budget` finds a plan's peak: the gradients to fetch, the plan-time runs on zeros
-(their largest), and Grappler's simulation where the ops cannot run."""
+"""How a `Budget` finds a plan's peak: the gradients to fetch and Grappler's simulation of
+the ops they need (deterministic: the same graph gives the same figure in every process)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,14 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-from memgrad._src.graph.measured import measured_peaks
 from memgrad._src.graph.simulate import simulate_peak
-
-
-# Plan-time runs per peak. Some plans' peaks take two values by the executor's order of ops,
-# and five runs could all take the low one: on GPT-2 (2 x 128, batch 8) the step's median
-# then measured up to 1.17x a plan's largest of five runs (53 plans, 11 processes), against
-# 1.06x its largest of fifteen (41 plans, nine processes, oneDNN on and off).
-PLAN_RUNS = 15
 
 
 class Peak(NamedTuple):
     """A peak found at plan time, in bytes above the baseline.
 
-    ``bytes`` is the largest of the measured runs (a run's peak varies with the executor's
-    order of ops, and a step may run in the order of the largest), or the simulated figure.
-    ``source``: 'measured', 'simulated', or 'model' when neither could be had (bytes None).
+    ``bytes``: the simulated figure. ``source``: 'simulated', or 'model' when none could be
+    had (bytes None).
     """
 
     bytes: Optional[float]
@@ -68,26 +59,21 @@ def held(grads):
     return fetched
 
 
-def peak_of(view, grads, how, hold=None) -> Peak:
-    """The measured `Peak` of computing ``grads``, else the simulated one, else `NOT_FOUND`.
+def peak_of(view, grads, how, hold=True) -> Peak:
+    """The simulated `Peak` of computing ``grads``, else `NOT_FOUND`.
 
     ``hold``: True, each gradient is alive to the end of the run; False, each is consumed as
-    made; None, held when measured and consumed when simulated. ``how``: ``(device,
-    measure, simulate, kernels)``.
+    made. ``how``: ``(simulate, kernels)``, kernels the device whose scratch buffers are
+    counted (None: not counted).
     """
-    device, measure, simulate, kernels = how
+    simulate, kernels = how
 
     @functools.cache
     def fetches(kept):  # built once each: `consumed` adds ops to the graph
         return held(grads) if kept else consumed(view.graph, grads)
 
-    if measure and device is not None:
-        fetched = fetches(hold is None or hold)
-        runs = measured_peaks(view.graph, fetched, device, runs=PLAN_RUNS, count_outputs=True) if fetched else None
-        if runs and runs[len(runs) // 2] > 0:  # a median of 0: nothing was allocated
-            return Peak(float(runs[-1]), "measured")
     if simulate:
-        fetched = fetches(bool(hold))
+        fetched = fetches(hold is None or bool(hold))
         peak = simulated(view.graph, fetched, kernels) if fetched else None
         if peak:
             return Peak(peak, "simulated")

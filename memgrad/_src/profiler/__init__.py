@@ -7,6 +7,7 @@ from memgrad._src.profiler.measure import (
     default_device,
     exact_cpu_stats_enabled,
     measure,
+    measure_runs,
     onednn_enabled,
     resolve_device,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "PeakTensors",
     "max_batch_size",
     "measure",
+    "measure_runs",
     "onednn_enabled",
     "memory_by_category",
     "oom_report",

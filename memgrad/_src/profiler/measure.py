@@ -147,13 +147,82 @@ def prepare_call(fn, args, kwargs, device, name="measure"):
     return args, kwargs, device
 
 
+def _checked_counts(warmup, repeats):
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"Expected warmup to be an int >= 0. Received: {warmup!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
+
+
+def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) -> list:
+    """Every run's peak and wall time of ``repeats`` calls of ``fn(*args, **kwargs)``.
+
+    The one way memgrad measures a call: ``warmup`` calls first (a ``tf.function`` is
+    traced and its one-time allocations are made), then, for each measured call, the
+    allocator's current bytes are read (that call's baseline: weights, inputs, whatever
+    lives between calls), its peak counter reset, the call run and its peak read. A step's
+    peak moves from call to call with the order in which the executor's threads run ready
+    ops (5-10% on two CPU cores; fixed with ``TF_NUM_INTEROP_THREADS=1`` set before
+    TensorFlow starts), so callers choose what to read of the runs: their largest, median
+    or range.
+
+    Args:
+      fn: the callable to measure, e.g. a ``tf.function`` training step.
+      args: positional arguments for ``fn``: a tuple or list, or a single tensor or NumPy
+        array, passed as the one argument.
+      kwargs: keyword arguments for ``fn``.
+      device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any, else the
+        CPU. The calls run under ``tf.device(device)``.
+      warmup: calls made before measuring (at least 0).
+      repeats: measured calls (at least 1).
+
+    Returns:
+      A list of ``repeats`` `MemoryReport`, one per measured call in call order, each with
+      its own ``peak_bytes``, ``baseline_bytes``, ``peak_above_baseline_bytes`` and
+      ``wall_time_s``.
+
+    Raises:
+      TypeError, ValueError, MemoryStatsUnavailableError: as `measure`.
+
+    Example:
+      >>> import tensorflow as tf, memgrad
+      >>> step = tf.function(lambda x: tf.reduce_sum(tf.tanh(x) * 2.0))
+      >>> runs = memgrad.profiler.measure_runs(step, args=(tf.ones([256, 256]),), repeats=3)
+      >>> len(runs), all(run.peak_above_baseline_bytes > 0 for run in runs)
+      (3, True)
+    """
+    _checked_counts(warmup, repeats)
+    args, kwargs, device = prepare_call(fn, args, kwargs, device)
+    with tf.device(device):
+        for _ in range(warmup):
+            result = fn(*args, **kwargs)
+            _sync()
+            del result
+        gc.collect()
+
+        runs = []
+        for _ in range(repeats):
+            baseline = _memory_info(device)["current"]
+            tf.config.experimental.reset_memory_stats(device)
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            _sync()
+            seconds = time.perf_counter() - start
+            peak = _memory_info(device)["peak"]
+            del result
+            gc.collect()
+            runs.append(MemoryReport(device=device, peak_bytes=int(peak),
+                                     baseline_bytes=int(baseline), wall_time_s=float(seconds)))
+    return runs
+
+
 def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> MemoryReport:
     """Measures the peak tensor memory and wall time of ``fn(*args, **kwargs)``.
 
     The call is warmed up first (so a ``tf.function`` is traced and its one-time
     allocations are done), the device's peak counter is reset, then the call runs
     and the allocator's peak is read. Only TensorFlow tensor buffers count, not
-    Python or NumPy memory.
+    Python or NumPy memory. Every run's figures: `measure_runs`.
 
     Args:
       fn: the callable to measure, e.g. a ``tf.function`` training step.
@@ -182,35 +251,10 @@ def measure(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=1) -> Me
       >>> report.peak_above_baseline_bytes > 0
       True
     """
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"Expected warmup to be an int >= 0. Received: {warmup!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
-    args, kwargs, device = prepare_call(fn, args, kwargs, device)
-
-    with tf.device(device):
-        for _ in range(warmup):
-            result = fn(*args, **kwargs)
-            _sync()
-            del result
-        gc.collect()
-
-        peaks, times, baseline = [], [], None
-        for _ in range(repeats):
-            current = _memory_info(device)["current"]
-            baseline = current if baseline is None else min(baseline, current)
-            tf.config.experimental.reset_memory_stats(device)
-            start = time.perf_counter()
-            result = fn(*args, **kwargs)
-            _sync()
-            times.append(time.perf_counter() - start)
-            peaks.append(_memory_info(device)["peak"])
-            del result
-            gc.collect()
-
+    runs = measure_runs(fn, args, kwargs, device=device, warmup=warmup, repeats=repeats)
     return MemoryReport(
-        device=device,
-        peak_bytes=int(max(peaks)),
-        baseline_bytes=int(baseline),
-        wall_time_s=float(statistics.median(times)),
+        device=runs[0].device,
+        peak_bytes=max(run.peak_bytes for run in runs),
+        baseline_bytes=min(run.baseline_bytes for run in runs),
+        wall_time_s=float(statistics.median(run.wall_time_s for run in runs)),
     )
