@@ -104,65 +104,11 @@ def max_batch_predicted_and_found(limit, overhead_bytes):
             "traces": len(predicted.probes), "runs": len(found.probes)}
 
 
-def _median_peak(step, args, calls=7):
-    """The median peak above baseline of ``calls`` calls of ``step(*args)``: a step's peak
-    moves from call to call by up to 10% here, and in the budget sweep a median of three
-    calls of one plan read 22.5 MiB where 'memory' read 20.4 in the same process."""
-    return sorted(memgrad.profiler.measure(step, args, device="CPU:0", warmup=int(i == 0))
-                  .peak_above_baseline_bytes for i in range(calls))[calls // 2]
-
-
-def budget_sweep(fractions, batch_size=8):
-    """Measured peaks above baseline (median of seven calls) of the GPT-2 backbone's training
-    step under ``memgrad.strategies.Budget(f)`` for each fraction, with the plans' figures:
-    ``{"measured", "predicted", "budget", "candidate", "recomputed", "within_margin",
-    "smallest_fraction": [...], "plain", "memory": bytes, "memory_budget": {...}}``, lists in
-    the given order (``within_margin``: False for a plan settled on as the least peak); a
-    fraction that raised BudgetError has None figures and the smallest fraction the error
-    named. "memory_budget" is a byte Budget of 1.05x what the 'memory' strategy measures:
-    its budget, measured peak and whether it was refused; when refused, the budget the
-    error names ("named") is planned in turn, with its measured peak ("named_measured")."""
-    model = _gpt2_backbone()
-    inputs, labels = _batch(model, batch_size)
-    result = {"measured": [], "predicted": [], "budget": [], "candidate": [], "recomputed": [], "within_margin": [],
-              "smallest_fraction": []}
-
-    def planned(checkpoints):
-        step = training_step(model, checkpoints)
-        with memgrad.record_rewrites() as log:
-            step.get_concrete_function(inputs, labels)
-        return step, log[-1].plan.details
-
-    for fraction in fractions:
-        try:
-            step, details = planned(memgrad.strategies.Budget(fraction))
-        except memgrad.BudgetError as error:  # autograph keeps the type, not the attributes
-            named = re.search(r"a fraction of at least ([0-9.]+)", str(error))
-            result["smallest_fraction"].append(float(named.group(1)) if named else None)
-            for key in ("measured", "predicted", "budget", "candidate", "recomputed", "within_margin"):
-                result[key].append(None)
-            continue
-        result["smallest_fraction"].append(None)
-        result["predicted"].append(details["predicted_bytes"])
-        result["budget"].append(details["budget_bytes"])
-        result["candidate"].append(details["candidate"])
-        result["recomputed"].append(details["recomputed_flops"])
-        result["within_margin"].append(details["within_margin"])
-        result["measured"].append(_median_peak(step, (inputs, labels)))
-    result["plain"] = _median_peak(training_step(model), (inputs, labels))
-    result["memory"] = _median_peak(training_step(model, "memory"), (inputs, labels))
-    budget = int(1.05 * result["memory"])
-    try:
-        step, _ = planned(memgrad.strategies.Budget(budget))
-        result["memory_budget"] = {"budget": budget, "refused": False,
-                                   "measured": _median_peak(step, (inputs, labels))}
-    except memgrad.BudgetError as error:
-        named = float(re.search(r"a budget of at least ([0-9.]+) MiB", str(error)).group(1))
-        named = int((named + 0.005) * 2**20) + 1  # the error rounds to 0.01 MiB
-        step, _ = planned(memgrad.strategies.Budget(named))
-        result["memory_budget"] = {"budget": budget, "refused": str(error)[-400:], "measured": None,
-                                   "named": named, "named_measured": _median_peak(step, (inputs, labels))}
-    return result
+def _median_peak(step, args, calls=3):
+    """The median peak above baseline of ``calls`` calls of ``step(*args)`` (a step's peak
+    moves from call to call by up to 10%)."""
+    runs = memgrad.profiler.measure_runs(step, args, device="CPU:0", repeats=calls)
+    return sorted(run.peak_above_baseline_bytes for run in runs)[calls // 2]
 
 
 def _xla_inner_step():
