@@ -9,6 +9,7 @@ and once off (it is marked `memory`).
 
 import pytest
 
+from memgrad.profiler import onednn_enabled
 from tests.checkpointing.budget_plan_probe import MODELS
 
 # The budgets: GPT-2's least is 0.55 (named by the BudgetError for 0.5), MobileNetV3Small's
@@ -28,7 +29,10 @@ FRESH_PROCESSES = {
 @pytest.mark.parametrize("name", MODELS)
 def test_the_same_plan_in_fresh_processes_whatever_the_threads(fresh_results, name):
     fixed, default = fresh_results[f"{name}/fixed"], fresh_results[f"{name}/default"]
-    assert "refused" not in fixed, fixed
+    if "refused" in fixed:  # the same refusal, naming the same budget
+        assert default == fixed
+        _refused_only_where_eigen_scratch_dominates(name, fixed)
+        return
     assert fixed["recomputed_flops"] > 0 and fixed["kept"], fixed  # a real plan
     for key in ("kept", "copied_ops", "candidate", "budget_bytes", "predicted_bytes", "plain_bytes"):
         assert fixed[key] == default[key], (key, fixed[key], default[key])
@@ -42,6 +46,16 @@ def test_the_measured_step_holds_the_budget(fresh_results, name):
     5.12-5.61 MiB), and ran up to 1.27x its plan's simulated peak, which the Budget's 20%
     margin covers (1.27 x 0.8 = 1.02)."""
     r = fresh_results[f"{name}/fixed"]
-    assert "refused" not in r, r
+    if "refused" in r:
+        _refused_only_where_eigen_scratch_dominates(name, r)
+        pytest.skip("no plan fits: MobileNetV3Small without oneDNN (Eigen's scratch dominates)")
     assert max(r["peaks"]) <= 1.05 * r["budget_bytes"], (
         [round(p / 2**20, 2) for p in r["peaks"]], r["budget_bytes"] / 2**20)
+
+
+def _refused_only_where_eigen_scratch_dominates(name, result):
+    """Without oneDNN, Eigen's convolution gradients keep im2col scratch buffers that outweigh
+    MobileNetV3Small's activations: every plan simulates above plain backprop, and the error
+    says so. Anywhere else a refusal is a failure."""
+    assert name == "mobilenet_v3_small" and not onednn_enabled(), result
+    assert "more than plain backprop" in result["refused"], result
