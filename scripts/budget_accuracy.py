@@ -121,9 +121,12 @@ def failures(name, r):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", choices=NAMES + ((),), default=list(NAMES))
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(NAMES)} (default: all)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a claim is missed")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(NAMES))
+    if unknown:
+        parser.error(f"expected workloads among {', '.join(NAMES)}. Received: {', '.join(unknown)}")
     print("| workload | plan | predicted MiB | measured MiB (median, range) | GFLOP recomputed |")
     print("| --- | --- | --- | --- | --- |")
     missed = []

@@ -5,7 +5,6 @@ same in fresh processes and held when measured: test_budget_determinism.py.)"""
 
 import itertools
 import re
-import types
 
 import keras
 import numpy as np

@@ -6,7 +6,6 @@ backbones from a config): nothing is downloaded.
 """
 
 import os
-import re
 
 import keras
 import tensorflow as tf
