@@ -20,9 +20,7 @@ when one of its claims is missed:
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 CALLS = 15  # calls per plan: dense blocks' peak under sqrt spacing moves 32.8-41.3 MiB
@@ -88,15 +86,10 @@ def measure_plans(name):
 
 
 def _in_fresh_process(name):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPU_ALLOCATOR_USE_BFC="true")
-    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import budget_accuracy; "
-            "print('RESULT ' + json.dumps(budget_accuracy.measure_plans(sys.argv[3])))")
-    run = subprocess.run([sys.executable, "-c", code, ROOT, os.path.join(ROOT, "scripts"), name],
-                         capture_output=True, text=True, env=env, check=False)
-    for line in run.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{name}: {(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+    from memgrad._src.profiler.fresh import run_in_fresh_process
+
+    return run_in_fresh_process("budget_accuracy:measure_plans", [name], timeout=1800,
+                                env={"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"})
 
 
 def failures(name, r):
@@ -124,6 +117,7 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(NAMES)} (default: all)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a claim is missed")
     args = parser.parse_args(argv)
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]  # the probe's imports, in the fresh process too
     unknown = sorted(set(args.names) - set(NAMES))
     if unknown:
         parser.error(f"expected workloads among {', '.join(NAMES)}. Received: {', '.join(unknown)}")

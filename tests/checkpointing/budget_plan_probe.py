@@ -1,10 +1,11 @@
 """A Budget's plan and the step's measured peaks on real models (a fresh-process probe).
 
 `plan_and_measure(NAME, LIMIT, CALLS)` builds a model with random weights (nothing is
-downloaded), traces a Keras-style training step under ``memgrad.strategies.Budget(LIMIT)``
-(SGD applied after the whole backward pass, as ``fit`` does) and returns the plan: the
-tensors kept (by name), the ops copied, the candidate and the figures of
-``plan.details``; with CALLS > 0, also the step's measured peaks above baseline.
+downloaded), traces `tests.profiler.predict_probe.training_step` under
+``memgrad.strategies.Budget(LIMIT)`` (SGD applied after the whole backward pass, as ``fit``
+does) and returns the plan: the tensors kept (by name), the ops copied, the candidate and
+the figures of ``plan.details``; with CALLS > 0, also the step's measured peaks above
+baseline.
 """
 
 import os
@@ -16,6 +17,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memgrad  # noqa: E402
+from tests.profiler.predict_probe import training_step  # noqa: E402
 
 # A two-block GPT-2 (keras-hub, random init) and a small keras.applications CNN.
 GPT2 = dict(vocabulary_size=500, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=256,
@@ -40,30 +42,15 @@ def _model_and_batch(name):
     raise ValueError(f"Expected one of {MODELS}. Received: {name!r}")
 
 
-def _step(model, checkpoints):
-    variables = model.trainable_variables
-    optimizer = keras.optimizers.SGD(0.0)
-    optimizer.build(variables)
-
-    @tf.function
-    def step(inputs):
-        with memgrad.GradientTape(checkpoints=checkpoints) as tape:
-            out = model(inputs, training=True)
-            loss = tf.reduce_mean(tf.square(out))
-        optimizer.apply(tape.gradient(loss, variables), variables)
-        return loss
-
-    return step
-
-
 def plan_and_measure(name, limit, calls=0):
     """``{"kept": [...], "copied_ops", "candidate", "budget_bytes", "predicted_bytes",
     "plain_bytes", "recomputed_flops", "peaks": [...], "threads"}``, or ``{"refused": message}``."""
     model, inputs = _model_and_batch(name)
-    step = _step(model, memgrad.strategies.Budget(limit))
+    labels = tf.zeros([tf.nest.flatten(inputs)[0].shape[0]], tf.int32)
+    step = training_step(model, memgrad.strategies.Budget(limit))
     with memgrad.record_rewrites() as log:
         try:
-            step.get_concrete_function(inputs)
+            step.get_concrete_function(inputs, labels)
         except memgrad.BudgetError as error:
             return {"refused": str(error)[-300:]}
     record = log[-1]
@@ -74,6 +61,6 @@ def plan_and_measure(name, limit, calls=0):
                                                "recomputed_flops", "scale_source")},
               "threads": os.environ.get("TF_NUM_INTEROP_THREADS")}
     if calls:
-        runs = memgrad.profiler.measure_runs(step, (inputs,), device="CPU:0", repeats=calls)
+        runs = memgrad.profiler.measure_runs(step, (inputs, labels), device="CPU:0", repeats=calls)
         result["peaks"] = [run.peak_above_baseline_bytes for run in runs]
     return result

@@ -206,9 +206,8 @@ class Budget(Strategy):
         planner = _Planner(view)
         modelled = planner.plain_bytes
         kernels = measuring_device() if self.simulate and self.scratch else None
-        how = (self.simulate, kernels)
         grads = plain_gradients(view) if self.refines else None
-        plain, source = peak_of(view, grads, how, self.hold_gradients) if grads else NOT_FOUND
+        plain, source = peak_of(view, grads, kernels, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0
         plain_bytes = plain if plain else modelled
         budget = self.resolve(plain_bytes)
@@ -216,7 +215,7 @@ class Budget(Strategy):
         target = budget * (1.0 - margin)
         walk = _Walk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
                      target_bytes=target, start=start, source=source, margin=margin,
-                     how=how,
+                     kernels=kernels,
                      hold=self.hold_gradients)
         if source != "model":
             if budget >= plain:
@@ -296,7 +295,7 @@ class Budget(Strategy):
             details["predicted_bytes"] = walk.peaks[rebuilt]
             details[f"{walk.source}_bytes"] = walk.peaks[rebuilt]
             return None
-        found = peak_of(view, grads, walk.how, walk.hold)
+        found = peak_of(view, grads, walk.kernels, walk.hold)
         if found.bytes:
             details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.bytes
         peak = details["predicted_bytes"]
@@ -368,9 +367,8 @@ class _Walk:
     start: float
     source: str = "model"  # where the peaks come from: 'simulated' or 'model'
     margin: float = 0.0
-    # (simulate, kernels): how candidate rewrites' peaks are found.
-    how: tuple = (False, None)
-    hold: bool = None  # gradients alive to the end of the plan-time runs (`hold_gradients`)
+    kernels: str = None  # the device whose kernels' scratch the simulations count, or None
+    hold: bool = True  # gradients alive to the end of the backward pass (`hold_gradients`)
     tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
     chosen: int = None  # the candidate a bisection found to fit, rebuilt after it

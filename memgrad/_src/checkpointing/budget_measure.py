@@ -3,7 +3,6 @@ the ops they need (deterministic: the same graph gives the same figure in every 
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple, Optional
 
 import tensorflow as tf
@@ -59,25 +58,16 @@ def held(grads):
     return fetched
 
 
-def peak_of(view, grads, how, hold=True) -> Peak:
+def peak_of(view, grads, kernels, hold=True) -> Peak:
     """The simulated `Peak` of computing ``grads``, else `NOT_FOUND`.
 
+    ``kernels``: the device whose kernels' scratch buffers are counted (None: not counted).
     ``hold``: True, each gradient is alive to the end of the run; False, each is consumed as
-    made. ``how``: ``(simulate, kernels)``, kernels the device whose scratch buffers are
-    counted (None: not counted).
+    made.
     """
-    simulate, kernels = how
-
-    @functools.cache
-    def fetches(kept):  # built once each: `consumed` adds ops to the graph
-        return held(grads) if kept else consumed(view.graph, grads)
-
-    if simulate:
-        fetched = fetches(hold is None or bool(hold))
-        peak = simulated(view.graph, fetched, kernels) if fetched else None
-        if peak:
-            return Peak(peak, "simulated")
-    return NOT_FOUND
+    fetched = held(grads) if hold else consumed(view.graph, grads)
+    peak = simulated(view.graph, fetched, kernels) if fetched else None
+    return Peak(peak, "simulated") if peak else NOT_FOUND
 
 
 def simulated(graph, fetches, kernels=None):
