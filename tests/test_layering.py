@@ -13,7 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BOTTOM = ("memgrad._src.units", "memgrad._src.arguments", "memgrad._src.tf_internals", "memgrad._src.names")
+BOTTOM = ("memgrad._src.units", "memgrad._src.arguments", "memgrad._src.tf_internals", "memgrad._src.names",
+          "memgrad._src.allocator")
 TECHNIQUES = ("memgrad._src.replay", "memgrad._src.recompute", "memgrad._src.checkpointing", "memgrad._src.reversible",
               "memgrad._src.selective")
 PUBLIC = ("memgrad", "memgrad.layers", "memgrad.selective", "memgrad.strategies", "memgrad.profiler")

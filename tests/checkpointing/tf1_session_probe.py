@@ -51,11 +51,9 @@ def _session_peak(fetch):
     with tf1.Session() as session:
         session.run(tf1.global_variables_initializer())
         session.run(fetch)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        start = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        values = session.run(fetch)
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return peak - start, values
+        with memgrad.profiler.memory_window("CPU:0") as window:
+            values = session.run(fetch)
+    return window.peak_above_baseline_bytes, values
 
 
 def memory_and_gradients(n):

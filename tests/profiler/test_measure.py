@@ -155,3 +155,39 @@ def test_format_bytes():
     assert format_bytes(3 * 2**20) == "3.00 MiB"
     assert format_bytes(512) == "512 B"
     assert format_bytes(2**31) == "2.00 GiB"
+
+
+def test_memory_window_reads_what_a_block_held_and_its_peak():
+    x = tf.ones([512, 256])  # 512 KiB
+    with memgrad.profiler.memory_window("CPU:0") as window:
+        kept = tf.tanh(x) + 1.0  # held after the block
+        temporary = tf.concat([x, x], axis=0) * 2.0  # 1 MiB, freed in the block
+        del temporary
+    assert window.device == "CPU:0"
+    assert window.held_bytes >= 512 * 256 * 4
+    assert window.peak_above_baseline_bytes >= window.held_bytes + 2 * 512 * 256 * 4
+    assert window.peak_bytes == window.baseline_bytes + window.peak_above_baseline_bytes
+    del kept
+
+
+def test_memory_window_rejects_a_bad_device():
+    with pytest.raises(ValueError, match="Expected a device name"):
+        memgrad.profiler.memory_window("TPU:7")
+
+
+def test_only_the_allocator_module_reads_the_allocators_statistics():
+    """One way to measure: memgrad, its scripts and tests read TensorFlow's allocator
+    statistics only through memgrad._src.allocator (MemoryWindow, measure_runs)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    allowed = {os.path.join("memgrad", "_src", "allocator.py"), os.path.join("tests", "profiler", "test_measure.py")}
+    found = []
+    for folder in ("memgrad", "scripts", "tests", "models"):
+        for directory, _, files in os.walk(os.path.join(root, folder)):
+            for name in files:
+                path = os.path.join(directory, name)
+                relative = os.path.relpath(path, root)
+                if not name.endswith(".py") or relative in allowed:
+                    continue
+                text = open(path, encoding="utf-8").read()
+                found += [relative for call in ("reset_memory_stats(", "get_memory_info(") if call in text]
+    assert found == []

@@ -72,12 +72,10 @@ def lean_forward_peaks():
     x = tf.random.stateless_normal([1024, 1024], seed=[1, 2])  # 4 MiB per activation
 
     def forward_peak(m):
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        with tf.GradientTape():
+        with memgrad.profiler.memory_window("CPU:0") as window, tf.GradientTape():
             y = m(x)
-        del y
-        return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+            del y
+        return window.peak_above_baseline_bytes
 
     forward_peak(model), forward_peak(converted)  # warm-up: the allocator's regions exist
     return [forward_peak(model), forward_peak(converted)]
@@ -99,17 +97,16 @@ def tape_held(name):
     x = tf.random.stateless_normal([16, 64, 64, 16], seed=[2, 3])  # 4 MiB
 
     def held_by_tape(layers):
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            h = x + 1.0  # an intermediate (Add's gradient keeps nothing), as in a real network
-            for layer in layers:
-                h = layer(h, training=True)
-            loss = tf.reduce_sum(h)
-        del h
-        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+        with memgrad.profiler.memory_window("CPU:0") as window:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                h = x + 1.0  # an intermediate (Add's gradient keeps nothing), as in a real network
+                for layer in layers:
+                    h = layer(h, training=True)
+                loss = tf.reduce_sum(h)
+            del h
         assert tape.gradient(loss, x) is not None
-        return held
+        return window.held_bytes
 
     keras_layers, memgrad_layers = make(keras.layers), make(memgrad.selective)
     return [min(held_by_tape(keras_layers) for _ in range(3)),

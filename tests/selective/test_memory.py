@@ -64,17 +64,16 @@ def test_frozen_layer_keeps_its_input_only_when_its_weights_are_watched(name):
     weight = layer.weights[0]
 
     def held_by_tape(watch):
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        with tf.GradientTape() as tape:
-            if watch:
-                tape.watch(weight.value)
-            loss = 0.0
-            for _ in range(2):  # a second call under the same tape is decided the same way
-                h = x + 1.0  # an intermediate only the tape could keep
-                loss += tf.reduce_sum(layer(h, training=False))
-        del h
-        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
-        return held, tape.gradient(loss, weight)
+        with memgrad.profiler.memory_window("CPU:0") as window:
+            with tf.GradientTape() as tape:
+                if watch:
+                    tape.watch(weight.value)
+                loss = 0.0
+                for _ in range(2):  # a second call under the same tape is decided the same way
+                    h = x + 1.0  # an intermediate only the tape could keep
+                    loss += tf.reduce_sum(layer(h, training=False))
+            del h
+        return window.held_bytes, tape.gradient(loss, weight)
 
     unwatched_held, unwatched_grad = held_by_tape(watch=False)
     watched_held, watched_grad = held_by_tape(watch=True)

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.allocator import MemoryWindow, statistics_available
 
 _CACHE = {}  # (device, kernel key) -> scratch bytes
 _VARIABLES = 0  # resources made for kernels reading a variable
@@ -164,14 +165,12 @@ def _measure(node, inputs, library, device):
         run(*arguments)  # the first call builds the kernel (and compiles XLA)
         readings = []
         for _ in range(2):  # the least of two: the allocator's history can round one up
-            tf.config.experimental.reset_memory_stats(device)
-            before = tf.config.experimental.get_memory_info(device)["current"]
-            results = run(*arguments)
-            peak = tf.config.experimental.get_memory_info(device)["peak"]
+            with MemoryWindow(device) as window:
+                results = run(*arguments)
             produced = sum(int(np.prod(r.shape)) * r.dtype.size for r in tf.nest.flatten(results)
                            if r.dtype not in (tf.resource, tf.variant))
             del results
-            readings.append(peak - before - produced)
+            readings.append(window.peak_above_baseline_bytes - produced)
         for handle in handles:
             tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
     return max(int(min(readings)), 0)
@@ -191,16 +190,6 @@ def measuring_device():
     None when that device's allocator keeps no statistics."""
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     return device if statistics_available(device) else None
-
-
-def statistics_available(device):
-    """Whether ``device``'s allocator keeps the statistics `kernel_scratch` reads."""
-    try:
-        with tf.init_scope():
-            tf.config.experimental.get_memory_info(device)
-    except (ValueError, tf.errors.OpError):
-        return False
-    return True
 
 
 def kernel_scratch(graph_def, outputs, device="CPU:0"):

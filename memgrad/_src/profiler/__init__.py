@@ -8,6 +8,7 @@ from memgrad._src.profiler.measure import (
     exact_cpu_stats_enabled,
     measure,
     measure_runs,
+    memory_window,
     onednn_enabled,
     resolve_device,
 )
@@ -21,6 +22,7 @@ from memgrad._src.profiler.live import (
 )
 from memgrad._src.profiler.oom import OutOfMemoryError, OutOfMemoryReport, explain_oom, oom_report
 from memgrad._src.profiler.report import MemoryReport
+from memgrad._src.allocator import MemoryWindow
 from memgrad._src.units import format_bytes, parse_bytes
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "CappedRun",
     "CappedRunError",
     "MemoryReport",
+    "MemoryWindow",
     "MemoryStatsUnavailableError",
     "default_device",
     "exact_cpu_stats_enabled",
@@ -45,6 +48,7 @@ __all__ = [
     "max_batch_size",
     "measure",
     "measure_runs",
+    "memory_window",
     "onednn_enabled",
     "memory_by_category",
     "oom_report",

@@ -23,8 +23,11 @@ def call_capped(target, kwargs, explain=False, k=10):
 
         result = {"status": "oom", "message": _first_line(error)}
     else:
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-        return {"status": "ok", "peak_bytes": int(peak)}
+        # The peak since the process started (not a MemoryWindow: reading the statistics
+        # before the call would start TensorFlow's runtime before the target configures it).
+        from memgrad._src.allocator import statistics
+
+        return {"status": "ok", "peak_bytes": int(statistics("CPU:0")["peak"])}
     if explain:  # once more, under the profiler, with the failed call's buffers released
         import gc
 

@@ -12,6 +12,7 @@ import warnings
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.allocator import MemoryWindow, statistics as allocator_statistics
 from memgrad._src.arguments import positional_args
 from memgrad._src.profiler.report import MemoryReport
 
@@ -62,7 +63,7 @@ def resolve_device(device=None) -> str:
 
 def _memory_info(device: str) -> dict:
     try:
-        return tf.config.experimental.get_memory_info(device)
+        return allocator_statistics(device)
     except (ValueError, tf.errors.OpError) as error:
         raise MemoryStatsUnavailableError(_no_statistics(device, error)) from error
 
@@ -154,13 +155,47 @@ def _checked_counts(warmup, repeats):
         raise ValueError(f"Expected repeats to be an int >= 1. Received: {repeats!r}")
 
 
+def memory_window(device=None) -> MemoryWindow:
+    """A ``with`` block's peak, baseline and held bytes on a device.
+
+    For what is not one call (a `Session.run`, what a tape holds between the forward and
+    the backward pass): entering resets the device's peak counter and reads the bytes held,
+    leaving reads the peak and the bytes still held. `measure_runs` measures calls with it.
+    The counter is the device's, so windows do not nest.
+
+    Args:
+      device: ``'CPU:0'``, ``'GPU:0'``, ... or ``None`` for the first GPU if any, else the CPU.
+
+    Returns:
+      A `MemoryWindow`; after the block, its ``baseline_bytes``, ``peak_bytes``,
+      ``end_bytes``, ``peak_above_baseline_bytes`` and ``held_bytes``.
+
+    Raises:
+      ValueError: for an unknown device.
+      MemoryStatsUnavailableError: if the allocator keeps no statistics.
+
+    Example:
+      >>> import tensorflow as tf, memgrad
+      >>> x = tf.ones([256, 256])
+      >>> with memgrad.profiler.memory_window("CPU:0") as window:
+      ...     y = tf.tanh(x) * 2.0
+      >>> window.held_bytes >= 256 * 256 * 4, window.peak_above_baseline_bytes >= window.held_bytes
+      (True, True)
+    """
+    device = resolve_device(device)
+    _memory_info(device)
+    _warn_if_coarse(device)
+    return MemoryWindow(device)
+
+
 def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) -> list:
     """Every run's peak and wall time of ``repeats`` calls of ``fn(*args, **kwargs)``.
 
     The one way memgrad measures a call: ``warmup`` calls first (a ``tf.function`` is
     traced and its one-time allocations are made), then, for each measured call, the
     allocator's current bytes are read (that call's baseline: weights, inputs, whatever
-    lives between calls), its peak counter reset, the call run and its peak read. A step's
+    lives between calls), its peak counter reset, the call run and its peak read (a
+    `memory_window` around the call). A step's
     peak moves from call to call with the order in which the executor's threads run ready
     ops (5-10% on two CPU cores; fixed with ``TF_NUM_INTEROP_THREADS=1`` set before
     TensorFlow starts), so callers choose what to read of the runs: their largest, median
@@ -202,17 +237,15 @@ def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) 
 
         runs = []
         for _ in range(repeats):
-            baseline = _memory_info(device)["current"]
-            tf.config.experimental.reset_memory_stats(device)
-            start = time.perf_counter()
-            result = fn(*args, **kwargs)
-            _sync()
-            seconds = time.perf_counter() - start
-            peak = _memory_info(device)["peak"]
+            with MemoryWindow(device) as window:
+                start = time.perf_counter()
+                result = fn(*args, **kwargs)
+                _sync()
+                seconds = time.perf_counter() - start
             del result
             gc.collect()
-            runs.append(MemoryReport(device=device, peak_bytes=int(peak),
-                                     baseline_bytes=int(baseline), wall_time_s=float(seconds)))
+            runs.append(MemoryReport(device=device, peak_bytes=window.peak_bytes,
+                                     baseline_bytes=window.baseline_bytes, wall_time_s=float(seconds)))
     return runs
 
 

@@ -24,7 +24,8 @@ import time
 import tensorflow as tf
 
 from memgrad._src.arguments import positional_args
-from memgrad._src.graph.kernels import compiled_functions, statistics_available
+from memgrad._src.allocator import statistics_available
+from memgrad._src.graph.kernels import compiled_functions
 from memgrad._src.graph.simulate import simulate_peak
 from memgrad._src.profiler.measure import resolve_device
 from memgrad._src.profiler.search import largest_fitting
