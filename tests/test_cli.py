@@ -396,3 +396,32 @@ def test_the_docs_describe_every_option_and_the_timing_the_command_has():
     from memgrad.cli.report import NOISY_SPREAD
 
     assert f"Above {NOISY_SPREAD:.0%}" in docs
+
+
+def test_budget_search_reports_each_prediction_and_probe_on_stderr(monkeypatch, capsys):
+    """--budget's searches run a subprocess per probe (minutes in all): each one is announced."""
+    import memgrad.profiler
+    from memgrad.cli import budget as cli_budget
+    from memgrad.profiler import BatchSearch, CappedRun
+
+    def fake_search(target, limit, kwargs, *, on_probe=None, **options):
+        runs = [CappedRun(target, {**kwargs, "batch_size": b}, limit, b <= 64, b * 1000 if b <= 64 else None,
+                          "", 0.1) for b in (32, 64, 128)]
+        for run in runs:
+            on_probe(run)
+        return BatchSearch(64, limit, tuple(runs))
+
+    monkeypatch.setattr(memgrad.profiler, "max_batch_size", fake_search)
+    monkeypatch.setattr(cli_budget, "predict_budget_batch", lambda *a: (60, None))
+    spec = type("Spec", (), {"source": "coupling", "width": 8})()
+    for progress in (True, False):
+        results = cli_budget.find_budget_batches(spec, ["plain"], 2, [], 24 * 2**20, progress=progress)
+        assert [r["batch_size"] for r in results] == [64]
+        err = capsys.readouterr().err
+        if progress:
+            lines = err.strip().splitlines()
+            assert lines[0] == "budget 24.00 MiB: plain: predicting the largest batch from traced steps"
+            assert lines[-3:] == ["budget 24.00 MiB: plain, batch 32: fits", "budget 24.00 MiB: plain, batch 64: fits",
+                                  "budget 24.00 MiB: plain, batch 128: out of memory"]
+        else:
+            assert err == ""

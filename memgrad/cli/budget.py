@@ -6,7 +6,7 @@ from __future__ import annotations
 from memgrad.cli.report import one_line
 
 
-def find_budget_batches(spec, strategies, depth, rows, budget):
+def find_budget_batches(spec, strategies, depth, rows, budget, progress=False):
     """The largest batch per strategy that fits ``budget`` bytes on the emulated device.
 
     The search starts from a guess extrapolated from the sweep's measured peak at the same
@@ -20,10 +20,22 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
       ``predicted_batch_size``, ``prediction_error`` (why it is ``None``, else ``None``).
     """
     import concurrent.futures
+    import sys
+    import threading
 
-    from memgrad.profiler import max_batch_size
+    from memgrad.profiler import format_bytes, max_batch_size
 
-    predictions = {strategy: predict_budget_batch(spec, strategy, depth, budget) for strategy in strategies}
+    lock = threading.Lock()
+
+    def say(text):
+        if progress:
+            with lock:
+                print(f"budget {format_bytes(budget)}: {text}", file=sys.stderr, flush=True)
+
+    predictions = {}
+    for strategy in strategies:
+        say(f"{strategy}: predicting the largest batch from traced steps")
+        predictions[strategy] = predict_budget_batch(spec, strategy, depth, budget)
 
     def search_one(strategy):
         measured = [r for r in rows if r["strategy"] == strategy and r["depth"] == depth
@@ -33,8 +45,11 @@ def find_budget_batches(spec, strategies, depth, rows, budget):
             row = max(measured, key=lambda r: r["batch_size"])
             guess = max(1, min(1 << 16, int(row["batch_size"] * budget / max(row["peak_bytes"], 1))))
         kwargs = {"source": spec.source, "strategy": strategy, "depth": depth, "width": spec.width}
+        say(f"{strategy}: searching, each batch one capped run" + (f" (first guess {guess})" if guess else ""))
         search = max_batch_size("memgrad.cli.sweep:capped_step", budget, kwargs,
-                                high=1 << 16, start=guess, rtol=0.05)
+                                high=1 << 16, start=guess, rtol=0.05,
+                                on_probe=lambda run: say(f"{strategy}, batch {run.kwargs['batch_size']}: "
+                                                         + ("fits" if run.fits else "out of memory")))
         failing = [p.kwargs["batch_size"] for p in search.probes if not p.fits]
         return {"strategy": strategy, "depth": depth, "budget_bytes": search.limit_bytes,
                 "batch_size": search.batch_size, "first_failing": min(failing) if failing else None,

@@ -394,7 +394,8 @@ def _run(args) -> int:
         "rows": [{k: v for k, v in row.items() if k != "top"} for row in rows], "budget": None, "top": None,
     }
     if args.budget:
-        result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes)
+        result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes,
+                                               progress=not args.no_progress)
         print()
         print(format_budget(result["budget"], args.budget.text))
     if args.top:

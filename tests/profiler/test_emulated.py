@@ -159,3 +159,8 @@ def test_max_batch_size_takes_few_probes_when_the_extrapolation_is_too_cautious(
 def test_max_batch_size_rejects_a_bad_guess_or_tolerance(arguments, match):
     with pytest.raises(ValueError, match=match):
         memgrad.profiler.max_batch_size(HOLD, "64MiB", **arguments)
+
+
+def test_max_batch_size_rejects_an_on_probe_that_is_not_callable():
+    with pytest.raises(TypeError, match="on_probe to be a callable"):
+        memgrad.profiler.max_batch_size(HOLD, "64MiB", on_probe=3)

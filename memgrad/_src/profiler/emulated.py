@@ -179,7 +179,7 @@ class BatchSearch:
 
 
 def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
-                   high=4096, timeout=600.0, start=None, rtol=0.0) -> BatchSearch:
+                   high=4096, timeout=600.0, start=None, rtol=0.0, on_probe=None) -> BatchSearch:
     """Finds the largest batch size for which ``target`` fits under ``limit`` bytes.
 
     Grows the batch from ``low`` (at least doubling) until a run does not fit (or
@@ -201,6 +201,8 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
       start: an optional first guess in ``[low, high]``.
       rtol: stop bisecting once the first failing size is within ``rtol`` of the
         largest fitting one (``0``: exact).
+      on_probe: an optional callable, called with each probe's `CappedRun` as soon as it
+        ends (e.g. to show progress: each probe takes seconds).
 
     Returns:
       A `BatchSearch` with the largest fitting ``batch_size`` (a size that ran under
@@ -222,11 +224,15 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
         raise ValueError(f"Expected start to be an int in [low, high] = [{low}, {high}]. Received: {start!r}")
     if not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
         raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
+    if on_probe is not None and not callable(on_probe):
+        raise TypeError(f"Expected on_probe to be a callable or None. Received: {on_probe!r}")
     probes = []
 
     def probe(batch):
         run = run_capped(target, limit, {**(kwargs or {}), batch_arg: batch}, timeout=timeout)
         probes.append(run)
+        if on_probe is not None:
+            on_probe(run)
         return run.fits, run.peak_bytes if run.fits else None
 
     limit_bytes = _limit_in_mib(limit) * 2**20
