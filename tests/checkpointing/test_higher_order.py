@@ -143,3 +143,180 @@ def test_memgrad_tapes_nested_give_the_second_derivative(checkpoints, recorded):
     _assert_close(got, expected)
     _assert_rewritten(log)
     assert not _fallback_warnings(caught)
+
+
+# ---------------------------------------------------------------------- internal failures
+def _injected(monkeypatch, target, name, error):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(target, name, fail)
+
+
+_INTERNAL = [
+    pytest.param(rewrite_module._Rewrite, "levels",
+                 nx.NetworkXUnfeasible("Graph contains a cycle or graph changed during iteration"),
+                 "building the rewrite raised NetworkXUnfeasible: Graph contains a cycle",
+                 id="rewrite-cycle"),
+    pytest.param(rewrite_module._Rewrite, "copy", AssertionError("copies out of order"),
+                 "building the rewrite raised AssertionError: copies out of order",
+                 id="rewrite-assertion"),
+    pytest.param(api, "choose", KeyError("op/missing"),
+                 "planning raised KeyError: 'op/missing'", id="planning-keyerror"),
+    pytest.param(api, "ForwardGraph", RecursionError("maximum recursion depth exceeded"),
+                 "reading the forward graph raised RecursionError: maximum recursion depth",
+                 id="view-recursion"),
+    pytest.param(api, "_refined", IndexError("list index out of range"),
+                 "refining the plan raised IndexError: list index out of range",
+                 id="refine-indexerror"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("target, name, error, reason", _INTERNAL)
+def test_an_internal_failure_falls_back_with_one_warning_naming_it(
+        monkeypatch, target, name, error, reason, entry, recorded):
+    """Whatever memgrad's own machinery raises while it builds a rewrite becomes plain
+    tf.gradients with one warning naming the exception, never a traceback from memgrad."""
+    caught, log = recorded
+    _injected(monkeypatch, target, name, error)
+
+    @tf.function
+    def step(x):
+        if entry == "gradients":
+            got = memgrad.gradients(_chain(x), [_W, x], checkpoints="memory")
+        else:
+            with memgrad.GradientTape(checkpoints="memory") as tape:
+                tape.watch(x)
+                loss = _chain(x)
+            got = tape.gradient(loss, [_W, x])
+        return got, tf.gradients(_chain(x), [_W, x])
+
+    got, expected = step(_X)
+    _assert_close(got, expected)
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) == 1, fallbacks
+    assert reason in fallbacks[0]
+    assert len(log) == 1 and log[0].fallback and reason in log[0].fallback_reason
+
+
+def test_what_the_caller_caused_is_still_raised(monkeypatch):
+    """Errors that are the caller's (a documented refusal, a bad argument) are raised, not
+    turned into a fallback."""
+
+    @tf.function
+    def unmarked(x):
+        return memgrad.gradients(tf.reduce_sum(tf.tanh(x) ** 2), x, checkpoints="collection")
+
+    with pytest.raises(ValueError, match="found no marked tensor"):
+        unmarked(_X)
+
+    @tf.function
+    def too_small(x):
+        return memgrad.gradients(_chain(x), x, checkpoints=memgrad.strategies.Budget(16))
+
+    with pytest.raises(memgrad.BudgetError):
+        too_small(_X)
+
+    class Mine(memgrad.strategies.Strategy):
+        def plan(self, view):
+            raise KeyError("my own bug")
+
+    @tf.function
+    def user_strategy(x):
+        return memgrad.gradients(_chain(x), x, checkpoints=Mine())
+
+    with pytest.raises(KeyError, match="my own bug"):
+        user_strategy(_X)
+
+
+# ---------------------------------------------------------------------- nested graphs
+_U = tf.Variable([1.5, -0.5, 2.0])
+_A = tf.constant([0.3, 0.2, 0.1])
+
+
+def _inside(where, gradient_fn, source):
+    """A tf.function differentiating, inside a loop body or a cond branch, a loss with
+    respect to ``source``: 'tensor' (computed outside), 'variable' (read inside),
+    'captured' (the variable, whose value the body reads from outside)."""
+
+    @tf.function
+    def step(a):
+        w = _U * 1.0
+
+        def body(i, acc):
+            if source == "tensor":
+                loss, x = tf.reduce_sum(tf.tanh(w * acc) * w), w
+            elif source == "variable":
+                loss, x = tf.reduce_sum(tf.tanh(_U * acc) * _U), _U
+            else:
+                loss, x = tf.reduce_sum(tf.tanh(w * acc) * _U), _U
+            return i + 1, acc + 0.1 * gradient_fn(loss, x)
+
+        if where == "loop":
+            return tf.while_loop(lambda i, acc: i < 2, body, (0, a))[1]
+        return tf.cond(tf.reduce_sum(a) > 0, lambda: body(0, a)[1], lambda: a)
+
+    return step
+
+
+@pytest.mark.parametrize("where", ["loop", "cond"])
+@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+@pytest.mark.parametrize("source, reason", [
+    pytest.param("tensor", "belongs to a graph enclosing the ys'", id="tensor"),
+    pytest.param("captured", "which an enclosing graph computes from xs[0]", id="captured"),
+    pytest.param("variable", None, id="variable"),
+])
+def test_a_gradient_inside_a_loop_body_or_a_branch_is_tf_gradients(
+        where, checkpoints, source, reason, recorded):
+    """memgrad.gradients inside a while body or a cond branch, with respect to what the
+    body reaches from outside: tf.gradients follows the captured tensor, the rewrite does
+    not (it returned None for a tensor x, silently): plain tf.gradients with one warning.
+    A variable read inside the body is the rewrite's own case: no warning."""
+    caught, _ = recorded
+    got = _inside(where, lambda y, x: memgrad.gradients(y, x, checkpoints=checkpoints)[0],
+                  source)(_A)
+    expected = _inside(where, lambda y, x: tf.gradients(y, x)[0], source)(_A)
+    assert _relative_error(got, expected) <= RTOL
+    assert float(tf.reduce_max(tf.abs(got - _A))) > 0.01  # the gradient is not None or zero
+    fallbacks = _fallback_warnings(caught)
+    if reason is None:
+        assert not fallbacks
+    else:
+        assert len(fallbacks) == 1, fallbacks
+        assert reason in fallbacks[0]
+
+
+def test_a_tape_inside_a_loop_body_falls_back_like_memgrad_gradients(recorded):
+    """memgrad.GradientTape inside a while body, with respect to a tensor from outside."""
+    caught, _ = recorded
+
+    @tf.function
+    def step(a):
+        w = _U * 1.0
+
+        def body(i, acc):
+            with memgrad.GradientTape(checkpoints="memory") as tape:
+                tape.watch(w)
+                loss = tf.reduce_sum(tf.tanh(w * acc) * w)
+            return i + 1, acc + 0.1 * tape.gradient(loss, w)
+
+        return tf.while_loop(lambda i, acc: i < 2, body, (0, a))[1]
+
+    got = step(_A)
+    expected = _inside("loop", lambda y, x: tf.gradients(y, x)[0], "tensor")(_A)
+    assert _relative_error(got, expected) <= RTOL
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) == 1 and "belongs to a graph enclosing the ys'" in fallbacks[0]
+
+
+def test_the_lost_gradient_invariant_covers_a_view_with_no_ops(monkeypatch, recorded):
+    """Without the nested-graph check, the view of a body holding no path to an outer x is
+    empty; the invariant still compares with tf.gradients and falls back (it returned None)."""
+    caught, _ = recorded
+    monkeypatch.setattr(api, "_outside_graph_of_ys", lambda ys, xs: None)
+    got = _inside("loop", lambda y, x: memgrad.gradients(y, x)[0], "tensor")(_A)
+    expected = _inside("loop", lambda y, x: tf.gradients(y, x)[0], "tensor")(_A)
+    assert _relative_error(got, expected) <= RTOL
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) == 1 and "the rewrite lost the gradient of xs[0]" in fallbacks[0]
