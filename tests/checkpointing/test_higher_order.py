@@ -468,3 +468,22 @@ def test_the_lost_gradient_invariant_covers_a_view_with_no_ops(monkeypatch, reco
     assert _relative_error(got, expected) <= RTOL
     fallbacks = _fallback_warnings(caught)
     assert len(fallbacks) == 1 and "the rewrite lost the gradient of xs[0]" in fallbacks[0]
+
+
+def test_monkey_patched_tf_gradients_of_tf_gradients_match_plain():
+    """With tf.gradients patched, both calls of a gradient of a gradient are memgrad's."""
+
+    @tf.function
+    def step(x):
+        penalty = tf.reduce_sum(tf.gradients(_chain(x), x)[0] ** 2)
+        return tf.gradients(penalty, [_W, x])
+
+    expected = step(_X)
+    memgrad.monkey_patch("memory")
+    try:
+        with memgrad.record_rewrites() as log:
+            got = tf.function(step.python_function)(_X)
+    finally:
+        memgrad.unpatch()
+    _assert_close(got, expected)
+    assert len(log) == 2 and all(e.copied_ops > 0 and not e.fallback for e in log), log
