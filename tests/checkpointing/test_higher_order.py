@@ -204,27 +204,28 @@ def test_the_gradient_of_a_loop_gradient_is_exact(checkpoints, entry, recorded):
     assert all("building the rewrite raised" in f for f in fallbacks), fallbacks
 
 
-def test_a_tape_around_a_loop_gradient_gets_the_true_second_derivative(recorded):
+@pytest.mark.parametrize("checkpoints, mode", [("memory", "replay"), ("speed", "kept")])
+def test_a_tape_around_a_loop_gradient_gets_the_true_second_derivative(
+        checkpoints, mode, recorded):
     """tf.GradientTape over memgrad.gradients of a loop: the second derivative is the one
-    tf.gradients of tf.gradients gives (TensorFlow's own tape over tf.gradients of a loop
-    gives another value, which this does not copy). It used to fail in the tape:
-    "Recorded operation 'StatelessWhile' returned too few gradients"."""
+    tf.gradients of tf.gradients (and a tape over a tape) gives. TensorFlow's own tape over
+    tf.gradients of a loop gives another value (relative error 0.037 here), which 'speed'
+    returned by running plain tf.gradients; with 'memory' the tape failed ("Recorded
+    operation 'StatelessWhile' returned too few gradients")."""
     caught, log = recorded
 
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            penalty = tf.reduce_sum(_loop_inner("gradients", "memory", x) ** 2)
+            penalty = tf.reduce_sum(_loop_inner("gradients", checkpoints, x) ** 2)
         expected = tf.gradients(tf.reduce_sum(tf.gradients(_loop(x), x)[0] ** 2), x)[0]
         return tape.gradient(penalty, x), expected
 
     got, expected = step(_V)
     assert _relative_error(got, expected) <= RTOL
-    # Segments would add inputs to the loop the tape recorded (and fail in the tape): the
-    # loop is replayed instead.
-    assert log[0].loops[0].mode == "replay"
-    assert "tape" in log[0].loops[0].reason
+    # 'memory': segments would add inputs to the loop the tape recorded, so it is replayed.
+    assert [loop.mode for loop in log[0].loops] == [mode], log[0]
     assert not _fallback_warnings(caught)
 
 

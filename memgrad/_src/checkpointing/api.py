@@ -312,7 +312,11 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
             raise
         return _fall_back(plain, mode, None, _crash("planning", error))
     loops = any(op.type in LOOP_TYPES for op in view.ops)
-    if not plan.tensors and not (loops and plan.loops == "segments"):
+    # Under a tape that records the ys (a gradient of this gradient), a loop's gradient goes
+    # through memgrad's loop gradients even in a plain plan: the tape differentiates
+    # TensorFlow's own (what plain tf.gradients builds) wrongly.
+    taped_loops = loops and tf_internals.should_record_backprop(ys)
+    if not plan.tensors and not (loops and plan.loops == "segments") and not taped_loops:
         # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
         # finding plain's own set) says so in its plan.
         if not plan.details.get("same_as_plain"):

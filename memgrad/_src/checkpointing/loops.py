@@ -200,6 +200,12 @@ class LoopGradients:
                     f"memgrad.gradients: loop '{op.name}' is not recomputed: {reason}. Its "
                     "gradient keeps every step's intermediates, as tf.gradients does.",
                     stacklevel=2)
+            if tf_internals.should_record_backprop(list(op.outputs)):
+                # A tape around the call (a gradient of this gradient) differentiates
+                # TensorFlow's loop gradient wrongly (it misses the accumulators' dependence
+                # on the loop's inputs); the replay's own gradient is what tapes get.
+                return _differentiable_again(
+                    op, grads, lambda: tf_internals.while_gradient(op, *grads))
             return tf_internals.while_gradient(op, *grads)
         if mode == "replay":
             return _differentiable_again(op, grads, lambda: self._replayed(op, grads))
