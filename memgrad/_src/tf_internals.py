@@ -96,6 +96,23 @@ stop_recording = _private("tensorflow.python.eager.record", "stop_recording")
 could_possibly_record = _private("tensorflow.python.eager.record", "could_possibly_record")
 should_record_backprop = _private("tensorflow.python.eager.record", "should_record_backprop")
 record_operation = _private("tensorflow.python.eager.record", "record_operation")
+# What a generated op wrapper calls after creating an op, so that enclosing tapes record it
+# (an op made with Graph.create_op is not recorded, and an outer tape then treats its outputs
+# as constants).
+_must_record_gradient = _private("tensorflow.python.eager.execute", "must_record_gradient")
+_record_gradient = _private("tensorflow.python.eager.execute", "record_gradient")
+
+
+def record_on_tapes(op):
+    """Records ``op``, made with `Graph.create_op`, on every tape that watches one of its
+    inputs, as a generated op wrapper does: a tape enclosing the call (a gradient of a
+    gradient) then differentiates through it with the op's registered gradient."""
+    if not _must_record_gradient():
+        return
+    attrs = []
+    for name in op.node_def.attr:
+        attrs.extend((name, op.get_attr(name)))
+    _record_gradient(op.type, list(op.inputs), tuple(attrs), list(op.outputs))
 
 # The v1 graph-gradient builders, kept before any monkey patch replaces the public aliases.
 tf_gradients_v1 = _private("tensorflow.python.ops.gradients_impl", "gradients")

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import functools
+import os
 import threading
 import warnings
 
@@ -11,6 +12,7 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import aggregate
+from memgrad._src.checkpointing.budget_planner import BudgetError
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
 from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, checked_plan, choose
@@ -276,23 +278,45 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     if not ys:
         return unconnected_gradients_for(xs, unconnected)
 
-    view = ForwardGraph(ys, xs)
-    if not view.ops:
-        # No y depends on any x through an op. tf.gradients' answer: an x that is itself a
-        # y gets that y's incoming gradient (ones by default); any other x, None or zeros.
-        _record(mode="unconnected")
-        return _identity_gradients(ys, xs, grad_ys, unconnected)
     plain = functools.partial(
         _TF_GRADIENTS_V1, ys, xs, grad_ys=grad_ys, name=name,
         stop_gradients=stop_gradients or None, unconnected_gradients=unconnected, **kwargs)
     strategy = as_strategy(checkpoints)
     mode = getattr(strategy, "name", "strategy")
+    nested = _outside_graph_of_ys(ys, xs)
+    if nested is not None:
+        return _fall_back(plain, mode, None, nested)
+    try:
+        view = ForwardGraph(ys, xs)
+    except Exception as error:  # noqa: BLE001 - the view raises nothing on purpose
+        return _fall_back(plain, mode, None, _crash("reading the forward graph", error))
+    if not view.ops:
+        # No y depends on any x through an op. tf.gradients' answer: an x that is itself a
+        # y gets that y's incoming gradient (ones by default); any other x, None or zeros.
+        # The invariant holds here too: an x the view finds unconnected while tf.gradients
+        # differentiates it (through a path the view does not follow) takes tf.gradients.
+        lost = _lost_gradients(
+            ys, xs, _identity_gradients(ys, xs, grad_ys, tf.UnconnectedGradients.NONE),
+            grad_ys, stop_gradients)
+        if lost is not None:
+            return _fall_back(plain, mode, None, lost)
+        _record(mode="unconnected")
+        return _identity_gradients(ys, xs, grad_ys, unconnected)
     unsupported = _unsupported_op(view)
     if unsupported is not None:
         return _fall_back(plain, mode, None, unsupported)
-    plan = choose(view, strategy)
+    try:
+        plan = choose(view, strategy)
+    except Exception as error:  # noqa: BLE001 - what the caller caused is raised again
+        if not _internal_failure(error, strategy):
+            raise
+        return _fall_back(plain, mode, None, _crash("planning", error))
     loops = any(op.type in LOOP_TYPES for op in view.ops)
-    if not plan.tensors and not (loops and plan.loops == "segments"):
+    # Under a tape that records the ys (a gradient of this gradient), a loop's gradient goes
+    # through memgrad's loop gradients even in a plain plan: the tape differentiates
+    # TensorFlow's own (what plain tf.gradients builds) wrongly.
+    taped_loops = loops and tf_internals.should_record_backprop(ys)
+    if not plan.tensors and not (loops and plan.loops == "segments") and not taped_loops:
         # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
         # finding plain's own set) says so in its plan.
         if not plan.details.get("same_as_plain"):
@@ -312,13 +336,18 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
                     view, plan.tensors, grad_ys, gradients_fn, kwargs, stop_gradients,
                     loops=plan.loops,
                 )
-        except _REWRITE_ERRORS as error:
-            return _fall_back(plain, plan.mode, plan,
-                              f"building the rewrite raised {type(error).__name__}: {error}")
+        except Exception as error:  # noqa: BLE001 - any failure of the rewrite falls back
+            return _fall_back(plain, plan.mode, plan, _crash("building the rewrite", error))
         # The strategy may replace its plan once it sees the rewrite (a Budget measures its
         # peak; the rewrite just built is never run by the step: unneeded ops are pruned).
-        # What it raises is the caller's to see (a budget no plan fits), not a fallback.
-        following = _refined(strategy, view, plan, grads)
+        # What it raises on purpose is the caller's to see (a budget no plan fits), not a
+        # fallback; an internal failure of a built-in strategy is.
+        try:
+            following = _refined(strategy, view, plan, grads)
+        except Exception as error:  # noqa: BLE001 - what the caller caused is raised again
+            if not _internal_failure(error, strategy):
+                raise
+            return _fall_back(plain, plan.mode, plan, _crash("refining the plan", error))
         if following is None:
             break
         plan = following
@@ -355,10 +384,45 @@ def _refined(strategy, view, plan, grads):
                         optional=True)
 
 
-# Errors a rewrite that cannot handle a graph raises while it is built; each makes
-# memgrad.gradients fall back to plain tf.gradients for that graph, with a warning.
-_REWRITE_ERRORS = (ValueError, TypeError, KeyError, LookupError, AssertionError,
-                   NotImplementedError, tf.errors.OpError)
+# Any error raised while the rewrite is built (a graph it cannot handle: a cycle among
+# checkpoints, a missing key, a TensorFlow gradient function failing on a copy) makes
+# memgrad.gradients fall back to plain tf.gradients for that graph, with a warning. While a
+# plan is made, only internal failures do (`_internal_failure`).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _crash(stage, error):
+    """The fallback reason for ``error``, raised by memgrad while ``stage``."""
+    message = str(error).strip().splitlines()
+    return (f"{stage} raised {type(error).__name__}: {message[0] if message else ''}"
+            " (a memgrad bug: please report it)")
+
+
+def _internal_failure(error, strategy):
+    """Whether ``error``, raised while a plan was made, is memgrad's failure (fall back) and
+    not the caller's (raised again).
+
+    The caller's: a `BudgetError` (no plan fits the budget), anything a user strategy (a
+    class defined outside memgrad) raises, and the TypeError or ValueError memgrad's own
+    argument checks raise (a `'collection'` with nothing marked, a list of checkpoints
+    that are no forward tensors), recognized by their ``raise`` statement being in memgrad.
+    Everything else (an AssertionError, a KeyError, a networkx error, an error from deep
+    inside TensorFlow) is an internal failure.
+    """
+    if isinstance(error, BudgetError):
+        return False
+    if not type(strategy).__module__.startswith("memgrad."):
+        return False
+    if isinstance(error, (TypeError, ValueError)):
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        if frame is not None and os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(
+                _PACKAGE_DIR + os.sep):
+            return False
+    return True
+
+
 # TensorFlow 1 control flow (tf.compat.v1 with control flow v1): frames the rewrite can
 # neither copy nor cut.
 _V1_CONTROL_FLOW = frozenset({
@@ -374,6 +438,68 @@ def _unsupported_op(view):
             return (f"op '{op.name}' ({op.type}) is TensorFlow 1 control flow, which the "
                     "rewrite can neither copy nor cut")
     return None
+
+
+def _outside_graph_of_ys(ys, xs):
+    """Why the rewrite cannot see every path from ``xs`` to ``ys``, or None.
+
+    Inside a `tf.while_loop` body or a `tf.cond` branch (a FuncGraph nested in another),
+    the ys may depend on an x of an enclosing graph through a captured tensor. tf.gradients
+    follows captures into the enclosing graphs; the rewrite reads only the ys' own graph, so
+    it would give such an x no gradient (or miss the paths through the enclosing graph).
+    That is when a tensor x belongs to another graph than the ys, or the ys' graph captures
+    a tensor an enclosing graph computed from a variable among the xs.
+    """
+    graph = ys[0].graph
+    for i, x in enumerate(xs):
+        if tf.is_symbolic_tensor(x) and x.graph is not graph:
+            return (f"xs[{i}] ('{x.name}') belongs to a graph enclosing the ys' (the ys are "
+                    "computed inside a tf.while_loop body, a tf.cond branch or a nested "
+                    "function, which reaches it through a captured tensor), which the "
+                    "rewrite does not follow")
+    handles = {}
+    for i, x in enumerate(xs):
+        if not tf.is_symbolic_tensor(x) and hasattr(x, "handle"):
+            handles.setdefault(id(_origin(x.handle)), i)
+    if not handles:
+        return None
+    for captured in _symbolic_captures(graph):
+        seen = set()
+        stack = [captured]
+        while stack:
+            t = stack.pop()
+            if t.op in seen:
+                continue
+            seen.add(t.op)
+            for source in t.op.inputs:
+                index = handles.get(id(_origin(source))) if source.dtype == tf.resource else None
+                if index is not None:
+                    return (f"the ys' graph captures '{captured.name}', which an enclosing "
+                            f"graph computes from xs[{index}] (the ys are computed inside a "
+                            "tf.while_loop body, a tf.cond branch or a nested function), a "
+                            "path the rewrite does not follow")
+            stack.extend(t.op.inputs)
+            if t.op.type == "Placeholder":
+                stack.extend(_symbolic_captures(t.graph, only=t))
+    return None
+
+
+def _symbolic_captures(graph, only=None):
+    """The tensors of enclosing graphs that ``graph`` (a FuncGraph) captures (as ``only``)."""
+    captures = getattr(graph, "captures", None) or []
+    return [external for external, internal in captures
+            if tf.is_symbolic_tensor(external) and (only is None or internal is only)]
+
+
+def _origin(t):
+    """The tensor an enclosing graph holds for ``t``, a capture (followed out), or ``t``."""
+    while tf.is_symbolic_tensor(t) and t.op.type == "Placeholder":
+        outer = [e for e, internal in (getattr(t.graph, "captures", None) or [])
+                 if internal is t]
+        if not outer:
+            break
+        t = outer[0]
+    return t
 
 
 def _fall_back(plain, mode, plan, reason):

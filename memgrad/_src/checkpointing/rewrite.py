@@ -192,6 +192,9 @@ class _Rewrite:
                         attrs=dict(op.node_def.attr),
                         op_def=op.op_def,
                     )
+                # An enclosing tape (a gradient of this gradient) must see the copy, or
+                # it takes recomputed activations for constants.
+                tf_internals.record_on_tapes(new)
                 op_mapping[op] = new
                 for old, copy in zip(op.outputs, new.outputs):
                     copy.set_shape(old.shape)

@@ -79,6 +79,9 @@ def gradient_reads(op):
     return result
 
 
+_FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
 @tf.autograph.experimental.do_not_convert
 def _probe(op):
     if gradient_function(op) is None or not any(
@@ -89,6 +92,13 @@ def _probe(op):
         frozenset(i for i, t in enumerate(op.inputs) if t.dtype.is_floating),
         frozenset(i for i, t in enumerate(op.outputs) if t.dtype.is_floating),
     )
+    if op.type in _FUNCTION_CALLS:
+        # A function call's gradient is a call of its backward function, built from the
+        # forward function's graph: run on a copy in a scratch graph it can crash
+        # TensorFlow outright (a segfault in gradients_util._Consumers, seen on the gradient
+        # call of a loop that nested tapes wrapped in a function). The rewrite keeps a call's
+        # inputs and outputs anyway (it never recomputes one).
+        return everything
     scratch = tf.Graph()
     try:
         with scratch.as_default():
