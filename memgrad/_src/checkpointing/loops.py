@@ -40,6 +40,7 @@ from memgrad._src.checkpointing.loop_ops import (
     _relaxed, _shape_tensor, _waiting)
 from memgrad._src.checkpointing.loop_segments import (  # noqa: F401 - the tests read two here
     _dividing_segment_length, _segment_length, _sizes, _static_int, _steps_estimate)
+from memgrad._src.checkpointing.loop_second_order import differentiable_again
 from memgrad._src.graph.kernels import called_functions
 
 LOOP_TYPES = frozenset({"While", "StatelessWhile"})
@@ -204,12 +205,12 @@ class LoopGradients:
                 # A tape around the call (a gradient of this gradient) differentiates
                 # TensorFlow's loop gradient wrongly (it misses the accumulators' dependence
                 # on the loop's inputs); the replay's own gradient is what tapes get.
-                return _differentiable_again(
+                return differentiable_again(
                     op, grads, lambda: tf_internals.while_gradient(op, *grads))
             return tf_internals.while_gradient(op, *grads)
         if mode == "replay":
-            return _differentiable_again(op, grads, lambda: self._replayed(op, grads))
-        return _differentiable_again(
+            return differentiable_again(op, grads, lambda: self._replayed(op, grads))
+        return differentiable_again(
             op, grads, lambda: self._segmented(op, informative, length))
 
     def _decide(self, op, grads):
@@ -442,67 +443,6 @@ class LoopGradients:
             chained.append(i)
             initial.append(_dense(grad))
         return chained, initial, fixed
-
-
-def _differentiable_again(op, grads, build):
-    """The loop input gradients ``build()`` makes, with TensorFlow's own second derivative.
-
-    A segmented gradient reads each segment's start from the states the forward loop keeps,
-    which TensorFlow's loop gradient treats as accumulators and never differentiates: a
-    gradient of it (a tf.GradientTape around memgrad's, tf.gradients of its result) would
-    miss how those states depend on the loop's inputs, and be silently wrong. A replay's
-    copy of the loop is made with Graph.create_op, which no tape records. So the gradient is
-    wrapped in a custom gradient whose own gradient is taken on TensorFlow's loop gradient
-    of a replay of the whole loop, built only when something differentiates it (then it
-    holds every step's intermediates, as tf.gradients would).
-    """
-    inputs = list(op.inputs)  # before the segments add the kept states to the forward loop
-    attrs = dict(op.node_def.attr)
-    grads = list(grads)
-    wanted = [i for i, t in enumerate(inputs) if _carries_gradient(t)]
-    given = [j for j, g in enumerate(grads) if isinstance(g, tf.Tensor) and _carries_gradient(g)]
-    sources = {}  # each tensor once: tf.gradients gives a repeated source its whole gradient
-    for t in [inputs[i] for i in wanted] + [grads[j] for j in given]:
-        sources.setdefault(t.ref(), t)
-    sources = list(sources.values())
-    results = {}
-
-    @tf.custom_gradient
-    def segmented(*args):
-        in_grads = list(build())
-        results["positions"] = [i for i, g in enumerate(in_grads)
-                                if isinstance(g, tf.Tensor) and _carries_gradient(g)]
-        flat = [in_grads[i] for i in results["positions"]]
-        results["others"] = in_grads
-
-        def second_order(*upstream, variables=None):
-            replay = _loop_copy(op, inputs, attrs, "memgrad_second_order")
-            plain = list(tf_internals.while_gradient(replay, *grads))
-            pairs = [(plain[i], dy) for i, dy in zip(results["positions"], upstream)
-                     if dy is not None and plain[i] is not None]
-            # The replay reads the loop's own inputs: its gradient is theirs. Each source
-            # gets only its own part (an incoming gradient may be computed from an input).
-            found = tf_internals.tf_gradients_v1(
-                [p for p, _ in pairs], sources, grad_ys=[dy for _, dy in pairs],
-                stop_gradients=sources,
-            ) if pairs else [None] * len(sources)
-            if variables is not None:
-                return found, [None] * len(variables)
-            return found
-
-        return flat, second_order
-
-    flat = segmented(*sources) if sources else None
-    if flat is None:
-        return build()
-    in_grads = list(results["others"])
-    for i, g in zip(results["positions"], flat):
-        in_grads[i] = g
-    return in_grads
-
-
-def _carries_gradient(t):
-    return t.dtype.is_floating or t.dtype.is_complex or t.dtype in (tf.resource, tf.variant)
 
 
 def _writes_at_step_index(body, i):
