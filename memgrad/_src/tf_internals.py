@@ -164,6 +164,15 @@ for _name in ("_set_func_attr", "_set_type_list_attr", "_set_shape_list_attr",
 _gradients_util = _private("tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_Consumers", "tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_Captures", "tensorflow.python.ops.gradients_util")
+_private_member(_gradients_util, "_GradientsHelper", "tensorflow.python.ops.gradients_util")
+
+
+def gradients_across_graphs(ys, xs, grad_ys, src_graph, stop_gradients=None):
+    """``tf.gradients(ys, xs, grad_ys)`` for ys and xs of ``src_graph``, built in the default
+    graph (a function's backward graph reading the forward graph's tensors through its
+    captures), as TensorFlow builds a `tf.function`'s gradient."""
+    return _gradients_util._GradientsHelper(ys, xs, grad_ys=grad_ys, stop_gradients=stop_gradients,
+                                            src_graph=src_graph)
 
 
 class _CaptureIndex:

@@ -488,3 +488,66 @@ def test_monkey_patched_tf_gradients_of_tf_gradients_match_plain():
         memgrad.unpatch()
     _assert_close(got, expected)
     assert len(log) == 2 and all(e.copied_ops > 0 and not e.fallback for e in log), log
+
+
+def test_a_builtin_failing_inside_memgrad_while_planning_falls_back(monkeypatch, recorded):
+    """A TypeError or ValueError is the caller's only when a `raise` of memgrad's raised it;
+    a builtin failing inside memgrad (here `max([])` in place of the planner) is memgrad's
+    failure: plain tf.gradients with one warning, not a traceback."""
+    caught, log = recorded
+    monkeypatch.setattr(api, "choose", lambda view, strategy: max([]))
+
+    @tf.function
+    def step(x):
+        return memgrad.gradients(_chain(x), [_W, x], checkpoints="memory"), tf.gradients(_chain(x), [_W, x])
+
+    got, expected = step(_X)
+    _assert_close(got, expected)
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) == 1 and "planning raised ValueError" in fallbacks[0], fallbacks
+
+
+# ------------------------------------------- a tape outside the function that holds the loop
+_LOOP_W = tf.Variable(tf.random.stateless_normal([4, 4], [3, 1]) * 0.6)
+_LOOP_X = tf.random.stateless_normal([3, 4], [3, 2])
+
+
+def _tanh_loop(x, steps):
+    _, h = tf.while_loop(lambda i, h: i < steps, lambda i, h: (i + 1, tf.tanh(h @ _LOOP_W)), (0, x))
+    return tf.reduce_sum(h ** 2)
+
+
+@pytest.mark.parametrize("outer", ["eager", "function"])
+@pytest.mark.parametrize("steps", [8, 32])
+@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+def test_a_tape_outside_the_function_holding_the_loop_gets_the_second_derivative(
+        checkpoints, steps, outer, recorded):
+    """A tf.GradientTape (eager, or in an enclosing tf.function) around a call of a
+    tf.function returning memgrad's gradient of a loop: TensorFlow builds that function's
+    gradient in another graph, where the loop's second derivative is taken on the gradient's
+    own ops. It raised a KeyError from memgrad (eager) and was silently wrong (3.2 relative
+    error) before."""
+    caught, log = recorded
+
+    @tf.function
+    def by_memgrad(x):
+        return memgrad.gradients(_tanh_loop(x, steps), x, checkpoints=checkpoints)[0]
+
+    @tf.function
+    def by_tape(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = _tanh_loop(x, steps)
+        return tape.gradient(loss, x)
+
+    def second(inner):
+        with tf.GradientTape() as tape:
+            penalty = tf.reduce_sum(inner(_LOOP_X) ** 2)
+        return tape.gradient(penalty, _LOOP_W)
+
+    if outer == "function":
+        second = tf.function(second)
+    got, expected = second(by_memgrad), second(by_tape)
+    assert _relative_error(got, expected) <= RTOL
+    assert not _fallback_warnings(caught)
+    assert log and not any(entry.fallback for entry in log)

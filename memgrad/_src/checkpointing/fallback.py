@@ -7,6 +7,7 @@ enclosing graph's captures, an internal failure while planning or building, and 
 the rewrite lost that `tf.gradients` computes.
 """
 
+import linecache
 import os
 
 import tensorflow as tf
@@ -36,7 +37,8 @@ def is_internal_failure(error, strategy):
     The caller's: a `BudgetError` (no plan fits the budget), anything a user strategy (a
     class defined outside memgrad) raises, and the TypeError or ValueError memgrad's own
     argument checks raise (a `'collection'` with nothing marked, a list of checkpoints
-    that are no forward tensors), recognized by their ``raise`` statement being in memgrad.
+    that are no forward tensors), recognized by the innermost frame being a ``raise``
+    statement in memgrad (a builtin failing inside memgrad, ``max([])``, is not one).
     Everything else (an AssertionError, a KeyError, a networkx error, an error from deep
     inside TensorFlow) is an internal failure.
     """
@@ -48,9 +50,13 @@ def is_internal_failure(error, strategy):
         frame = error.__traceback__
         while frame is not None and frame.tb_next is not None:
             frame = frame.tb_next
-        if frame is not None and os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(
-                _PACKAGE_DIR + os.sep):
-            return False
+        if frame is not None:
+            path = os.path.abspath(frame.tb_frame.f_code.co_filename)
+            # A `raise` statement of memgrad's: an argument check. A builtin failing inside
+            # memgrad (`max([])`, an unpacking) leaves the line that called it instead.
+            line = linecache.getline(path, frame.tb_lineno).strip()
+            if path.startswith(_PACKAGE_DIR + os.sep) and line.startswith("raise "):
+                return False
     return True
 
 

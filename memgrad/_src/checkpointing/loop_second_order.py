@@ -39,6 +39,9 @@ def differentiable_again(op, grads, build):
         results["others"] = in_grads
 
         def second_order(*upstream, variables=None):
+            if tf.compat.v1.get_default_graph() is not op.graph:
+                found = _across_graphs(flat, sources, upstream, op.graph)
+                return (found, [None] * len(variables)) if variables is not None else found
             replay = _loop_copy(op, inputs, attrs, "memgrad_second_order")
             plain = list(tf_internals.while_gradient(replay, *grads))
             pairs = [(plain[i], dy) for i, dy in zip(results["positions"], upstream)
@@ -66,3 +69,18 @@ def differentiable_again(op, grads, build):
 
 def carries_gradient(t):
     return t.dtype.is_floating or t.dtype.is_complex or t.dtype in (tf.resource, tf.variant)
+
+
+def _across_graphs(flat, sources, upstream, graph):
+    """The second derivative asked from another graph than the loop's: a function's backward
+    graph (a tape outside the `tf.function` that holds the loop, eager or in an enclosing
+    function). A replay built there would read the loop's inputs through that graph's
+    captures, which the gradient cannot follow back to ``sources`` (silently wrong), and
+    its functions may not exist there. So TensorFlow differentiates the gradient's own ops,
+    as it would without this wrapper: walked in ``graph``, built in the current one."""
+    pairs = [(f, dy) for f, dy in zip(flat, upstream) if dy is not None]
+    if not pairs:
+        return [None] * len(sources)
+    return tf_internals.gradients_across_graphs(
+        [f for f, _ in pairs], sources, [dy for _, dy in pairs], graph, stop_gradients=sources)
+
