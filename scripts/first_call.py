@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -113,8 +114,11 @@ def _in_fresh_process(name, variant) -> dict:
     for line in run.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    lines = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()
-    return {"failure": lines[-1][:200]}
+    text = run.stderr.strip() or run.stdout.strip() or "no output"
+    refusal = re.search(r"BudgetError: .*?(Expected a (?:budget|fraction) of at least [^:]*?\))", text, re.S)
+    if refusal:  # the budget is below every plan: the least that fits, as the error names it
+        return {"failure": "refused: " + refusal.group(1)}
+    return {"failure": text.splitlines()[-1][:200]}
 
 
 def main(argv=None) -> int:
