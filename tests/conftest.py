@@ -36,6 +36,15 @@ def pytest_configure(config):
         "often in fresh processes, minutes on 2 cores")
     config.addinivalue_line("markers", "slow: takes more than a couple of seconds (training, "
                             "large graphs, fresh processes) without asserting measured memory")
+    config.addinivalue_line("markers", "profiler: every test under tests/profiler (set by "
+                            "conftest), so CI's second pass selects them and the memory tests in one run")
+
+
+def pytest_itemcollected(item):
+    """Marks the profiler's tests `profiler`: what the allocator counts and what a prediction
+    reads of the kernels' scratch depend on the kernel choice, so CI runs them in both passes."""
+    if item.nodeid.startswith("tests/profiler/"):
+        item.add_marker("profiler")
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from tests.checkpointing.random_graphs import (
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_every_strategy_matches_tf_gradients_on_random_graphs(data):
@@ -38,7 +38,7 @@ def test_every_strategy_matches_tf_gradients_on_random_graphs(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, derandomize=True, database=None,
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_every_strategy_matches_tf_gradients_on_random_graphs_with_loops(data):
@@ -55,7 +55,7 @@ def test_every_strategy_matches_tf_gradients_on_random_graphs_with_loops(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_every_strategy_matches_tf_gradients_on_random_graphs_of_every_dtype(data):

@@ -54,3 +54,23 @@ def test_peaks_that_do_not_grow_still_take_a_logarithmic_number_of_probes():
     found = largest_fitting(flat, 1, 1 << 16, 2**30, start=2000, rtol=0.05)
     assert 0.95 * 40000 <= found <= 40000
     assert len(calls) == len(set(calls)) <= 16, calls
+
+
+def test_a_line_shown_wrong_by_a_failure_is_not_aimed_at_again():
+    """A device that runs out of memory before the peak reaches the cap (fragmentation: here
+    at 90% of it), so the line through the fitting peaks overshoots. Once its aim fails, the
+    next probe bisects instead of trying one size below the failure (the emulated search once
+    probed 1927, 1926 and 1843, three out-of-memory runs of about 14 s each)."""
+    calls = []
+
+    def fragmented(batch):  # peaks 0.04 MiB per item; fails past 90% of 64 MiB (1440 items)
+        calls.append(batch)
+        peak = int(batch * 0.04 * MIB)
+        fits = peak <= 0.9 * 64 * MIB
+        return fits, peak if fits else None
+
+    found = largest_fitting(fragmented, 1, 10**5, 64 * MIB, start=1200, rtol=0.2)
+    failing = sorted(b for b in calls if b > 1440)
+    assert 1200 <= found <= 1440 < failing[0] <= 1.2 * found + 1
+    assert not any(b - 1 in calls for b in failing), calls
+    assert len(calls) <= 3, calls

@@ -85,8 +85,13 @@ def _extrapolated(peaks, good, limit_bytes, past=0.05):
 
 def _interpolated(peaks, good, bad, limit_bytes):
     """Between the largest fit and the smallest failure: where the line through their peaks
-    meets the limit, or, without the failure's peak, through the fitting ones; else halfway."""
+    meets the limit, or, without the failure's peak, through the fitting ones; else halfway.
+    Halfway too when that line puts the limit at or past the failure: it was just shown wrong
+    there, and a probe one below a failure would most likely fail again (about 14 s on the
+    emulated device)."""
     if good in peaks and bad in peaks and peaks[bad] > peaks[good]:
         return good + int((limit_bytes - peaks[good]) * (bad - good) / (peaks[bad] - peaks[good]))
     guess = _extrapolated(peaks, good, limit_bytes, past=0.0)
-    return (good + bad) // 2 if guess is None else min(max(guess, good + 1), bad - 1)
+    if guess is None or guess >= bad:
+        return (good + bad) // 2
+    return max(guess, good + 1)
