@@ -38,6 +38,11 @@ def pytest_configure(config):
                             "large graphs, fresh processes) without asserting measured memory")
     config.addinivalue_line("markers", "profiler: every test under tests/profiler (set by "
                             "conftest), so CI's second pass selects them and the memory tests in one run")
+    config.addinivalue_line("markers", "fresh(*keys): the keys of its module's FRESH_PROCESSES the "
+                            "test reads (only selected tests' probes start; without it, all of them)")
+    config.addinivalue_line("markers", "own_kernels: every probe the test reads sets "
+                            "TF_ENABLE_ONEDNN_OPTS itself (set by conftest), so CI's second pass, "
+                            "which flips that choice, would only repeat it")
 
 
 def pytest_itemcollected(item):
@@ -45,6 +50,9 @@ def pytest_itemcollected(item):
     reads of the kernels' scratch depend on the kernel choice, so CI runs them in both passes."""
     if item.nodeid.startswith("tests/profiler/"):
         item.add_marker("profiler")
+    keys = _fresh_keys(item)
+    if keys and all("TF_ENABLE_ONEDNN_OPTS" in (_fresh_processes(item)[key].get("env") or {}) for key in keys):
+        item.add_marker("own_kernels")
 
 
 @pytest.fixture(scope="session")
@@ -83,16 +91,34 @@ def _fresh_processes(item):
     return getattr(getattr(item, "module", None), "FRESH_PROCESSES", None)
 
 
-def _start_fresh_processes(module):
-    global _fresh_pool
-    if module.__name__ not in _fresh_futures:
-        if _fresh_pool is None:
-            from memgrad._src.profiler.fresh import FreshProcessPool
+def _fresh_keys(item):
+    """The keys of the module's FRESH_PROCESSES the item reads: its `fresh` marker's, else all
+    (None if it reads none)."""
+    spec = _fresh_processes(item)
+    if spec is None:
+        return None
+    marker = item.get_closest_marker("fresh")
+    if marker is None:
+        return list(spec)
+    unknown = [key for key in marker.args if key not in spec]
+    if unknown or not marker.args:
+        raise pytest.UsageError(f"{item.nodeid}: fresh() names {list(marker.args)}; "
+                                f"its module's FRESH_PROCESSES has {list(spec)}")
+    return list(marker.args)
 
-            _fresh_pool = FreshProcessPool(max_workers=FRESH_PROCESS_JOBS)
-        _fresh_futures[module.__name__] = {
-            key: _fresh_pool.submit(**spec) for key, spec in module.FRESH_PROCESSES.items()}
-    return _fresh_futures[module.__name__]
+
+def _start_fresh_processes(module, keys):
+    """Submits the module's probes among ``keys`` not submitted yet; returns its futures."""
+    global _fresh_pool
+    if _fresh_pool is None:
+        from memgrad._src.profiler.fresh import FreshProcessPool
+
+        _fresh_pool = FreshProcessPool(max_workers=FRESH_PROCESS_JOBS)
+    futures = _fresh_futures.setdefault(module.__name__, {})
+    for key in keys:
+        if key not in futures:
+            futures[key] = _fresh_pool.submit(**module.FRESH_PROCESSES[key])
+    return futures
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -106,13 +132,15 @@ def pytest_collection_finish(session):
         return
     for item in session.items:
         if _fresh_processes(item) is not None:
-            _start_fresh_processes(item.module)
+            _start_fresh_processes(item.module, _fresh_keys(item))
 
 
 @pytest.fixture(scope="module")
 def fresh_results(request):
-    """{key: result} of the module's FRESH_PROCESSES (waits for them; starts them if needed)."""
-    futures = _start_fresh_processes(request.module)
+    """{key: result} of the module's FRESH_PROCESSES that its selected tests read (waits for
+    them; starts them if needed)."""
+    futures = _fresh_futures.get(request.module.__name__) or _start_fresh_processes(
+        request.module, list(request.module.FRESH_PROCESSES))
     return {key: future.result() for key, future in futures.items()}
 
 

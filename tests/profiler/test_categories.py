@@ -35,7 +35,8 @@ def probes(fresh_results):
 
 
 @pytest.mark.memory
-@pytest.mark.parametrize("order", ["memgrad first", "tensorflow first"])
+@pytest.mark.parametrize("order", [pytest.param(order, marks=pytest.mark.fresh(order))
+                                   for order in ("memgrad first", "tensorflow first")])
 def test_measure_works_with_no_environment_in_either_import_order(probes, order):
     result = probes[order]
     assert "error" not in result, result
@@ -44,6 +45,7 @@ def test_measure_works_with_no_environment_in_either_import_order(probes, order)
 
 
 @pytest.mark.memory
+@pytest.mark.fresh("an op first")
 def test_measure_after_tensorflow_started_says_the_one_thing_to_do(probes):
     result = probes["an op first"]
     assert result["error"] == "MemoryStatsUnavailableError"
@@ -90,6 +92,7 @@ def _conv_step(tape_class=tf.GradientTape):
 
 
 @pytest.mark.memory
+@pytest.mark.fresh("mlp")
 def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
     split = probes["mlp"]
     # The allocator's own usage at the peak of the profiled call, rebuilt buffer by buffer.
@@ -103,6 +106,7 @@ def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
 
 
 @pytest.mark.memory
+@pytest.mark.fresh("conv")
 def test_categories_of_a_conv_net_sum_to_the_peak_and_show_what_checkpointing_removes(probes):
     found = probes["conv"]
     for name, split in found.items():
@@ -118,6 +122,7 @@ def test_categories_of_a_conv_net_sum_to_the_peak_and_show_what_checkpointing_re
 
 
 @pytest.mark.memory
+@pytest.mark.fresh("oom")
 def test_the_oom_report_on_the_emulated_device_names_the_largest_live_tensor(probes):
     result = probes["oom"]
     assert result["fits"] is False and "OOM when allocating tensor with shape" in result["message"]

@@ -1,4 +1,5 @@
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -8,50 +9,96 @@ from memgrad._src.profiler import emulated
 HOLD = "tests.profiler.capped_targets:hold"
 
 
+# Each capped run is a fresh TensorFlow process, and one that runs out of memory idles about
+# 10 s in TensorFlow's allocator (it waits for memory to be freed before it gives up). So the
+# runs of one marker start together, at its first test, and each test reads its own: the
+# module's memory tests took 86 s one after another. What a run reports (fits, its peak, the
+# out-of-memory message) is its own process's, whatever else runs beside it.
+_COUPLING = "tests.profiler.capped_targets:profiled_coupling_step"
+_CAPPED = {
+    "memory": {
+        "fits": lambda: memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 8}),  # 32 MiB held
+        "oom": lambda: memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 20}),  # 80 MiB held
+        **{f"workload {onednn}": (lambda onednn=onednn: memgrad.profiler.run_capped(
+            _COUPLING, "22MiB", {"batch_size": 3000}, env={"TF_ENABLE_ONEDNN_OPTS": onednn}))
+           for onednn in ("0", "1")},
+        "search": lambda: memgrad.profiler.max_batch_size(HOLD, "64MiB", low=14, high=16),
+    },
+    "slow": {
+        "fail": lambda: memgrad.profiler.run_capped("tests.profiler.capped_targets:fail", "64MiB"),
+        "no module": lambda: memgrad.profiler.run_capped("no_such_module_anywhere:fn", "64MiB"),
+        **{f"crash {logged}": (lambda logged=logged: memgrad.profiler.run_capped(
+            "tests.profiler.capped_targets:crash", "64MiB", {"after_logging_an_oom": logged}))
+           for logged in (True, False)},
+    },
+}
+
+
+def _started(group):
+    pool = ThreadPoolExecutor(max_workers=len(_CAPPED[group]))
+    futures = {key: pool.submit(call) for key, call in _CAPPED[group].items()}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def memory_runs():
+    yield from _started("memory")
+
+
+@pytest.fixture(scope="module")
+def slow_runs():
+    yield from _started("slow")
+
+
 @pytest.mark.memory
-def test_capped_run_fits_below_its_cap_and_reports_the_peak():
-    run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 8})  # 32 MiB held
+def test_capped_run_fits_below_its_cap_and_reports_the_peak(memory_runs):
+    run = memory_runs["fits"].result()
     assert run.fits
     assert run.limit_bytes == 64 * 2**20
     assert 32 * 2**20 <= run.peak_bytes <= 40 * 2**20
 
 
 @pytest.mark.memory
-def test_capped_run_reports_out_of_memory_above_its_cap():
-    run = memgrad.profiler.run_capped(HOLD, "64MiB", {"batch_size": 20})  # 80 MiB held
+def test_capped_run_reports_out_of_memory_above_its_cap(memory_runs):
+    run = memory_runs["oom"].result()
     assert not run.fits
     assert run.peak_bytes is None
     assert "out of memory" in str(run)
 
 
 @pytest.mark.slow  # two fresh processes
-def test_failures_other_than_memory_raise():
+def test_failures_other_than_memory_raise(slow_runs):
     with pytest.raises(memgrad.profiler.CappedRunError, match="not a memory problem"):
-        memgrad.profiler.run_capped("tests.profiler.capped_targets:fail", "64MiB")
+        slow_runs["fail"].result()
     with pytest.raises(memgrad.profiler.CappedRunError, match="cannot import"):
-        memgrad.profiler.run_capped("no_such_module_anywhere:fn", "64MiB")
+        slow_runs["no module"].result()
 
 
 @pytest.mark.slow  # two fresh processes
-def test_a_crash_right_after_an_oom_is_an_oom_and_any_other_crash_raises():
-    run = memgrad.profiler.run_capped("tests.profiler.capped_targets:crash", "64MiB",
-                                      {"after_logging_an_oom": True})
+def test_a_crash_right_after_an_oom_is_an_oom_and_any_other_crash_raises(slow_runs):
+    run = slow_runs["crash True"].result()
     assert not run.fits and run.peak_bytes is None and run.oom_report is None
     assert run.message.startswith("OOM when allocating tensor with shape[3000,32] and type float on CPU:0 ")
     assert f"crashed with signal {int(signal.SIGSEGV)}" in run.message and "oneDNN" in run.message
     with pytest.raises(memgrad.profiler.CappedRunError, match=rf"crashed \(signal {int(signal.SIGSEGV)}\) in its capped"):
-        memgrad.profiler.run_capped("tests.profiler.capped_targets:crash", "64MiB", {"after_logging_an_oom": False})
+        slow_runs["crash False"].result()
 
 
 @pytest.mark.memory
 @pytest.mark.parametrize("onednn", ["0", "1"])
-def test_the_commands_workload_runs_out_of_memory_with_and_without_onednn(monkeypatch, onednn):
+def test_the_commands_workload_runs_out_of_memory_with_and_without_onednn(memory_runs, onednn):
     # With oneDNN on, this workload's failed allocation crashes the capped process (measured,
     # TensorFlow 2.21); without it, the step raises ResourceExhaustedError. Both are an OOM.
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
-    run = memgrad.profiler.run_capped("tests.profiler.capped_targets:profiled_coupling_step", "22MiB",
-                                      {"batch_size": 3000})
+    run = memory_runs[f"workload {onednn}"].result()
     assert not run.fits and run.message.startswith("OOM when allocating tensor with shape["), run
+
+
+def test_run_capped_passes_env_but_not_over_the_cap():
+    with pytest.raises(ValueError, match="TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        memgrad.profiler.run_capped(HOLD, "64MiB", env={"TF_CPU_BFC_MEM_LIMIT_IN_MB": "4096"})
+    with pytest.raises(TypeError, match="dict of str to str"):
+        memgrad.profiler.run_capped(HOLD, "64MiB", env={"TF_ENABLE_ONEDNN_OPTS": 0})
 
 
 @pytest.mark.parametrize("target", ["no_colon", "a:b:c", ":fn", 17])
@@ -86,9 +133,9 @@ def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
 
 
 @pytest.mark.memory
-def test_max_batch_size_on_the_emulated_device():
+def test_max_batch_size_on_the_emulated_device(memory_runs):
     # 4 MiB per item and ~2 MiB of runtime buffers under a 64 MiB cap: 15 items fit, 16 do not.
-    search = memgrad.profiler.max_batch_size(HOLD, "64MiB", low=14, high=16)
+    search = memory_runs["search"].result()
     assert search.batch_size == 15
     outcomes = {run.kwargs["batch_size"]: run.fits for run in search.probes}
     assert outcomes[15] and not outcomes[16]

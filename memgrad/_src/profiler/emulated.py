@@ -60,7 +60,7 @@ def _limit_in_mib(limit) -> int:
     return limit_mib
 
 
-def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> CappedRun:
+def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False, env=None) -> CappedRun:
     """Runs ``target(**kwargs)`` in a subprocess whose CPU allocator is capped at ``limit``.
 
     The subprocess sees no GPU, so the same run emulates a device of ``limit``
@@ -76,6 +76,9 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
       timeout: seconds before the subprocess is killed.
       explain: if the call runs out of memory, run it once more under TensorFlow's profiler
         and attach an `OutOfMemoryReport` (``oom_report``): the tensors alive at the failure.
+      env: optional extra environment variables for the subprocess, e.g.
+        ``{"TF_ENABLE_ONEDNN_OPTS": "0"}`` to run TensorFlow's other CPU kernels; the
+        variables that set the cap cannot be overridden.
 
     Returns:
       A `CappedRun`; ``fits`` says whether the call finished under the cap. A process that
@@ -98,6 +101,7 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
     target = check_target(target)
     limit_mib = _limit_in_mib(limit)
     kwargs = dict(kwargs or {})
+    extra = _checked_env(env)
     env = dict(
         TF_CPU_ALLOCATOR_USE_BFC="true",
         TF_CPU_BFC_MEM_LIMIT_IN_MB=str(limit_mib),
@@ -106,6 +110,11 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
         TF_CPP_MIN_LOG_LEVEL="1",
         CUDA_VISIBLE_DEVICES="-1",
     )
+    clash = sorted(set(extra) & set(env))
+    if clash:
+        raise ValueError(f"Expected env without the variables that set the cap ({', '.join(sorted(env))}). "
+                         f"Received: {', '.join(clash)}")
+    env = {**extra, **env}
     start = time.perf_counter()
     try:
         result = run_in_fresh_process("memgrad._src.profiler._capped_worker:call_capped",
@@ -129,6 +138,14 @@ def run_capped(target, limit, kwargs=None, *, timeout=600.0, explain=False) -> C
         wall_time_s=elapsed,
         oom_report=_report_from_dict(result.get("report")),
     )
+
+
+def _checked_env(env) -> dict:
+    if env is None:
+        return {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError(f"Expected env to be a dict of str to str, or None. Received: {env!r}")
+    return dict(env)
 
 
 _OOM_LOGGED = re.compile(r"RESOURCE_EXHAUSTED: (OOM when allocating[^\n]*)")
@@ -179,7 +196,8 @@ class BatchSearch:
 
 
 def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
-                   high=4096, timeout=600.0, start=None, rtol=0.0, on_probe=None) -> BatchSearch:
+                   high=4096, timeout=600.0, start=None, rtol=0.0, on_probe=None,
+                   env=None) -> BatchSearch:
     """Finds the largest batch size for which ``target`` fits under ``limit`` bytes.
 
     Grows the batch from ``low`` (at least doubling) until a run does not fit (or
@@ -203,6 +221,8 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
         largest fitting one (``0``: exact).
       on_probe: an optional callable, called with each probe's `CappedRun` as soon as it
         ends (e.g. to show progress: each probe takes seconds).
+      env: optional extra environment variables for each probe's subprocess (as in
+        `run_capped`).
 
     Returns:
       A `BatchSearch` with the largest fitting ``batch_size`` (a size that ran under
@@ -226,10 +246,11 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
         raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
     if on_probe is not None and not callable(on_probe):
         raise TypeError(f"Expected on_probe to be a callable or None. Received: {on_probe!r}")
+    _checked_env(env)
     probes = []
 
     def probe(batch):
-        run = run_capped(target, limit, {**(kwargs or {}), batch_arg: batch}, timeout=timeout)
+        run = run_capped(target, limit, {**(kwargs or {}), batch_arg: batch}, timeout=timeout, env=env)
         probes.append(run)
         if on_probe is not None:
             on_probe(run)
