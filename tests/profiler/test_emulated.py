@@ -117,7 +117,7 @@ def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
     """The search logic, with a fake device on which batches up to 37 fit."""
     calls = []
 
-    def fake_run(target, limit, kwargs, timeout):
+    def fake_run(target, limit, kwargs, timeout, env=None):
         calls.append(kwargs["batch_size"])
         fits = kwargs["batch_size"] <= 37
         return emulated.CappedRun(target, kwargs, 2**20, fits, 1 if fits else None, "", 0.0)
@@ -128,7 +128,7 @@ def test_max_batch_size_finds_the_largest_fitting_batch(monkeypatch):
     assert len(calls) == len(set(calls)) <= 12  # doubling then bisection, no repeats
     assert memgrad.profiler.max_batch_size(HOLD, "1MiB", high=20).batch_size == 20
     monkeypatch.setattr(emulated, "run_capped",
-                        lambda t, l, kwargs, timeout: fake_run(t, l, {"batch_size": 99}, timeout))
+                        lambda t, l, kwargs, timeout, env=None: fake_run(t, l, {"batch_size": 99}, timeout))
     assert memgrad.profiler.max_batch_size(HOLD, "1MiB").batch_size == 0
 
 
@@ -150,7 +150,7 @@ def test_max_batch_size_rejects_bad_bounds(bounds):
 def _linear_device(calls, fixed_mib=3.0, mib_per_item=0.1, cap_mib=64):
     """A fake emulated device whose peak is fixed_mib + batch * mib_per_item (fits 610 items)."""
 
-    def fake_run(target, limit, kwargs, timeout):
+    def fake_run(target, limit, kwargs, timeout, env=None):
         batch = kwargs["batch_size"]
         calls.append(batch)
         peak = int((fixed_mib + batch * mib_per_item) * 2**20)
@@ -188,7 +188,7 @@ def test_max_batch_size_takes_few_probes_when_the_extrapolation_is_too_cautious(
     logarithmic number of probes, not one per 5% of the way (it once took about 70)."""
     calls = []
 
-    def fake_run(target, limit, kwargs, timeout):
+    def fake_run(target, limit, kwargs, timeout, env=None):
         batch = kwargs["batch_size"]
         calls.append(batch)
         fits = batch <= 40000
