@@ -1,7 +1,9 @@
 """memgrad-profile: the default headline run, --budget, --top, model sources, output files, errors."""
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import keras
@@ -12,6 +14,7 @@ from memgrad.cli import profile as cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RUNS = tempfile.mkdtemp(prefix="memgrad-cli-tests-")
+atexit.register(shutil.rmtree, _RUNS, ignore_errors=True)  # made at import: gone when pytest exits
 DEFAULT_DIR = os.path.join(_RUNS, "default")
 BUDGET_DIR = os.path.join(_RUNS, "budget")
 BUDGET_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "64", "--strategies", "plain", "reversible",
