@@ -89,6 +89,23 @@ def _tanh_chain_tracer(batch=256):
     return trace, weights, loss_fn_, shape
 
 
+def test_band_winners_match_a_sort_on_band_flops_and_kept():
+    """The dynamic program's per-band choice: fewest FLOPs, then fewest kept bytes, then the
+    first transition, as a stable sort on (band, FLOPs, kept) picks; with many exact ties."""
+    from memgrad._src.checkpointing.budget_planner import _band_winners
+
+    rng = np.random.default_rng(3)
+    for size, bands in ((1, 1), (50, 4), (5000, 64), (20000, 256)):
+        band = rng.integers(0, bands, size)
+        flops = rng.integers(0, 6, size).astype(float)   # few values: ties within a band
+        kept = rng.integers(0, 4, size).astype(float)
+        order = np.lexsort((kept, flops, band))
+        first = np.concatenate([[True], band[order][1:] != band[order][:-1]])
+        pick, dest = _band_winners(band, flops, kept, bands)
+        np.testing.assert_array_equal(pick, order[first])
+        np.testing.assert_array_equal(dest, band[order][first])
+
+
 def test_budget_below_any_plan_states_the_smallest_feasible():
     step, weights, loss_fn_, shape = _tanh_chain_tracer()
 

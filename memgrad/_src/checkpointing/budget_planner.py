@@ -124,6 +124,20 @@ def _local_minima(live, positions):
     return keep
 
 
+def _band_winners(band, flops, kept, bands):
+    """Per band, the transition with the fewest FLOPs, then the fewest kept bytes, then the
+    first in order: ``(indices, their bands)``, bands ascending. Two minimum reductions and
+    a unique over the ties, O(n): a sort on (band, FLOPs, kept) took most of a solve."""
+    least = np.full(bands, np.inf)
+    np.minimum.at(least, band, flops)
+    tied = np.flatnonzero(flops == least[band])
+    least_kept = np.full(bands, np.inf)
+    np.minimum.at(least_kept, band[tied], kept[tied])
+    tied = tied[kept[tied] == least_kept[band[tied]]]
+    dest, first = np.unique(band[tied], return_index=True)
+    return tied[first], dest
+
+
 class _Planner:
     """The dynamic program over cut positions for one graph."""
 
@@ -215,11 +229,7 @@ class _Planner:
             nk = new_kept[rows, cols]
             nf = f_a[rows, cols] + seg_flops[rows]
             bucket = np.minimum((nk // unit).astype(np.int64), K - 1)
-            order = np.lexsort((nk, nf, bucket))
-            bucket = bucket[order]
-            first = np.concatenate([[True], bucket[1:] != bucket[:-1]])
-            pick = order[first]
-            dest = bucket[first]
+            pick, dest = _band_winners(bucket, nf, nk, K)
             flops[i, dest] = nf[pick]
             kept[i, dest] = nk[pick]
             parent[i, dest, 0] = window[rows[pick]]
