@@ -352,6 +352,22 @@ def release_tape(tape):
     tape._tape = None
 
 
+# Graph ops' creation numbers: memgrad.GradientTape notes which ops were created while it
+# recorded (tf.GradientTape records only those), by the graph's op ids (increasing).
+_private_member(tf.Graph(), "_nodes_by_id", "tf.Graph")
+
+
+def last_op_id(graph):
+    """The id of the last op created in ``graph`` (0 for an empty graph); ops created later
+    have larger ids."""
+    return max(graph._nodes_by_id, default=0)
+
+
+def op_id(op):
+    """``op``'s creation number in its graph (see `last_op_id`)."""
+    return op._id
+
+
 # Keras: the functional-model class (keras.Model(inputs, outputs) builds one; `convert`
 # rewires only those and Sequential). Keras exports no public class or predicate for it.
 keras_functional = _private("keras.src.models.functional", "Functional")

@@ -368,3 +368,51 @@ def test_cond_under_two_tapes():
     with rewritten():
         reference, checkpointed = step(tf.random.stateless_normal([4, 8], [3, 4]))
     assert max_relative_error(reference, checkpointed) <= 1e-5
+
+
+def _tape_paths(tape_class, x, weights, extra, checkpoints):
+    """Gradients a tape gives for parts of a step computed outside its recording: after the
+    `with` block, inside `stop_recording()`, and before `reset()`."""
+    kwargs = {} if tape_class is tf.GradientTape else {"checkpoints": checkpoints}
+    with tape_class(persistent=True, **kwargs) as tape:
+        inside, hs = _residual_forward(x, weights)
+    after = tf.reduce_sum(tf.tanh(hs[-1] @ extra))  # not recorded: a constant to the tape
+    with tape:
+        with tape.stop_recording():
+            paused = tf.reduce_sum(tf.sin(hs[5] @ extra))  # not recorded either
+        total = inside + after + paused
+    results = [tape.gradient(after, weights + [extra]), tape.gradient(total, weights + [extra])]
+    with tape_class(persistent=True, **kwargs) as tape:
+        forgotten, _ = _residual_forward(x, weights)
+        tape.reset()  # what was recorded so far is forgotten
+        kept = forgotten * tf.reduce_sum(extra)
+    results.append(tape.gradient(kept, weights + [extra]))
+    return results
+
+
+@pytest.mark.parametrize("checkpoints", ["memory", "speed", memgrad.strategies.Budget("1MiB")], ids=str)
+def test_tape_differentiates_only_what_it_recorded(checkpoints):
+    """tf.GradientTape gives no gradient through ops run after its `with` block, inside
+    `stop_recording()` or before `reset()`; memgrad.GradientTape differentiates the graph, and
+    gave them one (12 where tf.GradientTape gives None, on a target computed after the block)."""
+    weights = _residual_weights(depth=16, width=16)
+    extra = tf.Variable(tf.random.stateless_normal([16, 16], [5, 5]))
+
+    @tf.function
+    def step(x):
+        return (_tape_paths(tf.GradientTape, x, weights, extra, checkpoints),
+                _tape_paths(memgrad.GradientTape, x, weights, extra, checkpoints))
+
+    with memgrad.record_rewrites() as log:
+        reference, ours = step(tf.random.stateless_normal([64, 16], [1, 2]))
+    if checkpoints == "memory":  # the whole step's gradient is rewritten, around the stops
+        assert any(entry.segments > 1 and not entry.fallback for entry in log), log
+    for expected, got in zip(reference, ours):
+        assert [g is None for g in expected] == [g is None for g in got]
+        pairs = [(e, g) for e, g in zip(expected, got) if e is not None]
+        if pairs:
+            assert max_relative_error([e for e, _ in pairs], [g for _, g in pairs]) <= 1e-5
+    assert all(g is None for g in reference[0])  # after the block: nothing recorded
+    assert all(g is not None for g in reference[1][:-1])  # the recorded part of the total
+    assert reference[1][-1] is None  # `extra` enters it only through ops not recorded
+    assert reference[2][0] is None and reference[2][-1] is not None  # forgotten; recorded after

@@ -1,5 +1,6 @@
 """`memgrad.GradientTape`: a drop-in for `tf.GradientTape` whose gradients are checkpointed."""
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -43,6 +44,9 @@ class GradientTape(tf.GradientTape):
         is the exception: inside a `tf.function` it is differentiated whether or not it
         was watched (`tf.gradients`' rule), where `tf.GradientTape` would return None.
         In eager mode the tape is `tf.GradientTape` and follows its rules exactly.
+      - Recorded ops: as on `tf.GradientTape`, gradients do not flow through ops created
+        while the tape was not recording (after its ``with`` block, inside
+        `stop_recording()`, before `reset()`): they are constants to it.
 
     Args:
       persistent: as for `tf.GradientTape`.
@@ -77,6 +81,76 @@ class GradientTape(tf.GradientTape):
         as_strategy(checkpoints)  # an unknown mode or a wrong type fails here, not at gradient()
         super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed_variables)
         self.checkpoints = checkpoints
+        # In a graph, the spans of op ids created while the tape recorded: [graph, first
+        # id not recorded before, last recorded id (None while recording)].
+        self._windows = []
+
+    # tf.GradientTape records only the ops run while it records: a target computed after
+    # the `with` block (or inside `stop_recording()`) has no gradient through them. In a
+    # graph memgrad differentiates the graph itself, so it notes which ops were created
+    # while recording and stops its gradients at the others (`_unrecorded`).
+    def _open_window(self):
+        if not tf.executing_eagerly():
+            graph = tf.compat.v1.get_default_graph()
+            self._windows.append([graph, tf_internals.last_op_id(graph), None])
+
+    def _close_window(self):
+        for window in self._windows:
+            if window[2] is None:
+                window[2] = tf_internals.last_op_id(window[0])
+
+    def __enter__(self):
+        entered = super().__enter__()
+        self._open_window()
+        return entered
+
+    def __exit__(self, typ, value, traceback):
+        self._close_window()
+        return super().__exit__(typ, value, traceback)
+
+    @contextlib.contextmanager
+    def stop_recording(self):
+        """As `tf.GradientTape.stop_recording`: ops created inside are not differentiated."""
+        with super().stop_recording():
+            self._close_window()
+            try:
+                yield
+            finally:
+                self._open_window()
+
+    def reset(self):
+        """As `tf.GradientTape.reset`: what was recorded before is forgotten."""
+        super().reset()
+        recording = any(window[2] is None for window in self._windows)
+        self._windows = []
+        if recording:
+            self._open_window()
+
+    def _unrecorded(self, targets):
+        """The outputs of ops that feed ``targets`` but were created while the tape did not
+        record (where ops it recorded meet them, or a target itself): gradients stop there,
+        as on `tf.GradientTape`. Empty where the tape never recorded in the targets' graph."""
+        graph = next((t.graph for t in targets if isinstance(t, tf.Tensor)), None)
+        spans = [(first, last) for g, first, last in self._windows if g is graph]
+        if not spans:
+            return []
+
+        def recorded(op):
+            number = tf_internals.op_id(op)
+            return any(first < number and (last is None or number <= last) for first, last in spans)
+
+        stops, seen = [], set()
+        stack = [t.op for t in targets if isinstance(t, tf.Tensor) and t.graph is graph]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if recorded(op):
+                stack.extend(t.op for t in op.inputs if t.graph is graph)
+            elif op.inputs:  # an op without inputs (a constant, an argument) stops nothing
+                stops.extend(op.outputs)
+        return stops
 
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
@@ -125,9 +199,11 @@ class GradientTape(tf.GradientTape):
         wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
         if not tf_internals.tape_is_persistent(self):
             tf_internals.release_tape(self)
+        unrecorded = self._unrecorded(flat_targets)
+        extra = {"stop_gradients": unrecorded} if unrecorded else {}
         grads = iter(gradients(
             flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
-            unconnected_gradients=unconnected_gradients,
+            unconnected_gradients=unconnected_gradients, **extra,
         ) if wanted else [])
         # An unwatched variable is unconnected, so it gets what an unconnected x gets.
         unconnected = tf.UnconnectedGradients(unconnected_gradients)
