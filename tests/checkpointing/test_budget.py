@@ -106,6 +106,30 @@ def test_band_winners_match_a_sort_on_band_flops_and_kept():
         np.testing.assert_array_equal(dest, band[order][first])
 
 
+def test_a_long_chain_of_identical_layers_keeps_cut_positions_for_the_planner():
+    """Past DENSE_LIMIT positions the planner keeps the live bytes' local minima; a chain of
+    identical layers has one flat plateau, whose last position was its only candidate: no
+    plan at half of plain's peak but the 'memory' placements."""
+    from memgrad._src.checkpointing.budget_planner import DENSE_LIMIT
+
+    model = keras.Sequential([keras.Input((16,))]
+                             + [keras.layers.Dense(16, activation="relu") for _ in range(300)])
+    found = {}
+
+    @tf.function(autograph=False)
+    def step(x):
+        loss = tf.reduce_sum(model(x))
+        planner = _Planner(ForwardGraph([loss], model.trainable_variables))
+        found.update(candidates=len(planner.candidates), positions=planner.n,
+                     half=planner.solve(0.5 * planner.plain_bytes))
+        return loss
+
+    step.get_concrete_function(tf.TensorSpec([64, 16]))
+    assert found["positions"] > DENSE_LIMIT  # the thinning applies
+    assert DENSE_LIMIT // 2 <= found["candidates"] <= DENSE_LIMIT
+    assert found["half"]  # the dynamic program finds a plan at half of plain's peak
+
+
 def test_budget_below_any_plan_states_the_smallest_feasible():
     step, weights, loss_fn_, shape = _tanh_chain_tracer()
 

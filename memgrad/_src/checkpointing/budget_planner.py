@@ -17,11 +17,11 @@ more FLOPs and fewer kept bytes is dropped, which is where the search may miss t
 Against the exact optimum (tests/checkpointing/exact_plans.py, no bands) on graphs of
 14-105 ops, at 20 budgets from the smallest feasible to plain backprop's, it recomputes
 the optimum's FLOPs on all of them with 256 bands; with 64 it recomputed up to 36% more
-on a chain of uneven widths and 11% more on dense blocks. On graphs with
-more than `DENSE_LIMIT` candidate positions, only positions where the live bytes are at a
-local minimum are candidates. The 'memory' strategy's placements (cuts near equal shares
-of the bytes, for every number of segments) are evaluated too, and the cheapest feasible
-plan is returned.
+on a chain of uneven widths and 11% more on dense blocks. On graphs with more than
+`DENSE_LIMIT` candidate positions, the positions where the live bytes are at a local
+minimum are candidates, with evenly spaced others up to `DENSE_LIMIT`. The 'memory'
+strategy's placements (cuts near equal shares of the bytes, for every number of segments)
+are evaluated too, and the cheapest feasible plan is returned.
 """
 
 import dataclasses
@@ -138,6 +138,22 @@ def _band_winners(band, flops, kept, bands):
     return tied[first], dest
 
 
+def _thinned(live, positions, limit=DENSE_LIMIT):
+    """At most about ``limit`` of ``positions`` for the dynamic program: those where the live
+    bytes are at a local minimum, and, where they are fewer than ``limit``, evenly spaced
+    others up to it. Minima alone are too few on a flat profile: a chain of identical layers
+    has one plateau, whose last position was the only candidate (a 300-layer Dense chain
+    left the program none, so a Budget chose among the 'memory' placements only)."""
+    minima = _local_minima(live, positions)
+    room = limit - len(minima)
+    if room <= 0:
+        return minima
+    taken = set(minima)
+    others = [p for p in positions if p not in taken]
+    step = max(1, math.ceil(len(others) / room))
+    return sorted(taken.union(others[step - 1::step]))
+
+
 class _Planner:
     """The dynamic program over cut positions for one graph."""
 
@@ -158,7 +174,7 @@ class _Planner:
             if m.cut_bytes(p) > 0 and not any(t.ref() in movable for t in pr.cut(p)):
                 candidates.append(p)
         if len(candidates) > DENSE_LIMIT:
-            candidates = _local_minima(pr.live, candidates)
+            candidates = _thinned(pr.live, candidates)
         self.candidates = candidates
         self._family = None
         self._candidates = None
