@@ -56,17 +56,22 @@ def training_step(stack, reversible, graph):
     return tf.function(step) if graph else step
 
 
-def peaks(kinds, depths, invertible_dtype="auto"):
+def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``.
 
     ``invertible_dtype``: the stacks' (default "auto": float64 around these float32 networks).
+    ``policy``: a Keras dtype policy for the networks ("float64", "mixed_float16", ...; the
+    input is cast to its compute dtype), or None for Keras's default.
 
     One inter-op thread: a graph's ready ops then run in one order, so its peak does not move
     with the interleaving two threads happen to pick (8 blocks measured 21-26 MiB across
     processes with two threads, while 64 blocks stayed at 27-31 MiB).
     """
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
+    x = tf.cast(tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1]),
+                keras.config.dtype_policy().compute_dtype)
     peaks = {}
     for kind in kinds:
         for graph in (False, True):
@@ -85,5 +90,6 @@ def peaks(kinds, depths, invertible_dtype="auto"):
 
 
 if __name__ == "__main__":
+    # python -m tests.reversible.memory_probe KINDS DEPTHS [INVERTIBLE_DTYPE [POLICY]]
     print("PEAKS " + json.dumps(peaks(sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")],
-                                      *sys.argv[3:4])))
+                                      *sys.argv[3:5])))
