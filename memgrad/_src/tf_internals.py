@@ -325,8 +325,10 @@ def tfp_chain_and_invert():
 
 # tf.GradientTape's own state, which memgrad.GradientTape (a subclass) follows so that a
 # non-persistent tape stops recording and computes one set of gradients, as TensorFlow's
-# does. There is no public accessor for "is recording", "is persistent" or "pop the tape".
-for _name in ("_tape", "_recording", "_persistent", "_pop_tape"):
+# does, and notes which ops it recorded (it extends `_push_tape` / `_pop_tape`, through which
+# every start and stop of recording goes). There is no public accessor for "is recording",
+# "is persistent" or "pop the tape".
+for _name in ("_tape", "_recording", "_persistent", "_pop_tape", "_push_tape"):
     _private_member(tf.GradientTape(), _name, "tf.GradientTape")
 
 

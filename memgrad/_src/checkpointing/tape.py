@@ -1,6 +1,5 @@
 """`memgrad.GradientTape`: a drop-in for `tf.GradientTape` whose gradients are checkpointed."""
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -88,43 +87,26 @@ class GradientTape(tf.GradientTape):
     # tf.GradientTape records only the ops run while it records: a target computed after
     # the `with` block (or inside `stop_recording()`) has no gradient through them. In a
     # graph memgrad differentiates the graph itself, so it notes which ops were created
-    # while recording and stops its gradients at the others (`_unrecorded`).
-    def _open_window(self):
+    # while recording and stops its gradients at the others (`_unrecorded`). Every way
+    # tf.GradientTape starts or stops recording goes through `_push_tape` / `_pop_tape`
+    # (`with`, `stop_recording`, `reset`, and `jacobian`'s own re-recording of the ops
+    # it adds), so the spans are kept there.
+    def _push_tape(self):
+        super()._push_tape()
         if not tf.executing_eagerly():
             graph = tf.compat.v1.get_default_graph()
             self._windows.append([graph, tf_internals.last_op_id(graph), None])
 
-    def _close_window(self):
+    def _pop_tape(self):
         for window in self._windows:
             if window[2] is None:
                 window[2] = tf_internals.last_op_id(window[0])
-
-    def __enter__(self):
-        entered = super().__enter__()
-        self._open_window()
-        return entered
-
-    def __exit__(self, typ, value, traceback):
-        self._close_window()
-        return super().__exit__(typ, value, traceback)
-
-    @contextlib.contextmanager
-    def stop_recording(self):
-        """As `tf.GradientTape.stop_recording`: ops created inside are not differentiated."""
-        with super().stop_recording():
-            self._close_window()
-            try:
-                yield
-            finally:
-                self._open_window()
+        super()._pop_tape()
 
     def reset(self):
         """As `tf.GradientTape.reset`: what was recorded before is forgotten."""
-        super().reset()
-        recording = any(window[2] is None for window in self._windows)
-        self._windows = []
-        if recording:
-            self._open_window()
+        super().reset()  # stops recording, then starts a new span
+        self._windows = [window for window in self._windows[-1:] if window[2] is None]
 
     def _unrecorded(self, targets):
         """The outputs of ops that feed ``targets`` but were created while the tape did not
