@@ -436,8 +436,9 @@ def test_a_gradient_inside_a_loop_body_or_a_branch_is_tf_gradients(
         assert reason in fallbacks[0]
 
 
-def test_a_tape_inside_a_loop_body_falls_back_like_memgrad_gradients(recorded):
-    """memgrad.GradientTape inside a while body, with respect to a tensor from outside."""
+def test_a_tape_inside_a_loop_body_falls_back_to_tf_gradient_tape(recorded):
+    """memgrad.GradientTape inside a while body, with respect to a tensor from outside:
+    tf.GradientTape's own gradient (it follows the capture), with one warning."""
     caught, _ = recorded
 
     @tf.function
@@ -457,6 +458,7 @@ def test_a_tape_inside_a_loop_body_falls_back_like_memgrad_gradients(recorded):
     assert _relative_error(got, expected) <= RTOL
     fallbacks = _fallback_warnings(caught)
     assert len(fallbacks) == 1 and "belongs to a graph enclosing the ys'" in fallbacks[0]
+    assert "Using tf.GradientTape's gradient" in fallbacks[0]
 
 
 def test_the_lost_gradient_invariant_covers_a_view_with_no_ops(monkeypatch, recorded):

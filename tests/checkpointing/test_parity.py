@@ -5,6 +5,8 @@ Each test here failed on an earlier memgrad: intermediate tensors among xs, func
 public alias of tf.gradients, and the tape's watching rules.
 """
 
+import warnings
+
 import keras
 import pytest
 import tensorflow as tf
@@ -418,11 +420,13 @@ def test_tape_differentiates_only_what_it_recorded(checkpoints):
     assert reference[2][0] is None and reference[2][-1] is not None  # forgotten; recorded after
 
 
-def test_tape_jacobians_match_tf_gradient_tape():
+@pytest.mark.parametrize("pfor", [True, False], ids=["pfor", "while_loop"])
+def test_tape_jacobians_match_tf_gradient_tape(pfor):
     """`jacobian` and `batch_jacobian` add ops after the `with` block and record them again
     themselves (through the tape's push/pop): they are recorded for memgrad too (a version
-    that noted only `with` blocks gave None for both). TensorFlow's default, pfor; with
-    ``experimental_use_pfor=False`` memgrad's jacobian is None (a known, older bug)."""
+    that noted only `with` blocks gave None for both). Without pfor they take one gradient
+    per row inside a while loop, of what the tape recorded outside it: memgrad leaves those
+    to tf.GradientTape, with a warning (plain tf.gradients there gave the variable None)."""
     w = tf.Variable(tf.random.stateless_normal([8, 8], [3, 4]) * 0.5)
 
     @tf.function
@@ -432,9 +436,15 @@ def test_tape_jacobians_match_tf_gradient_tape():
             with tape_class(persistent=True) as tape:
                 tape.watch(x)
                 y = tf.tanh(tf.tanh(x @ w) @ w)
-            results.append([tape.jacobian(y, w), tape.batch_jacobian(y, x)])
+            results.append([tape.jacobian(y, w, experimental_use_pfor=pfor),
+                            tape.jacobian(y, x, experimental_use_pfor=pfor),
+                            tape.batch_jacobian(y, x, experimental_use_pfor=pfor)])
         return results
 
-    reference, ours = step(tf.random.stateless_normal([4, 8], [1, 1]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reference, ours = step(tf.random.stateless_normal([4, 8], [1, 1]))
     assert all(g is not None for g in ours)
     assert max_relative_error(reference, ours) <= 1e-5
+    left = [w for w in caught if "Using tf.GradientTape's gradient" in str(w.message)]
+    assert len(left) == (0 if pfor else 3), [str(w.message) for w in caught]

@@ -98,6 +98,11 @@ def _record(**fields):
             log.append(entry)
 
 
+def record_fallback(mode, reason):
+    """Notes, for `record_rewrites`, a gradient memgrad left to TensorFlow (``reason``)."""
+    _record(mode=mode, fallback=True, fallback_reason=reason)
+
+
 def _as_list(value):
     if value is None:
         return None

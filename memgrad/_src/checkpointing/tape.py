@@ -6,7 +6,8 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing.api import gradients, unconnected_gradients_for
+from memgrad._src.checkpointing.api import gradients, record_fallback, unconnected_gradients_for
+from memgrad._src.checkpointing.fallback import outside_graph_of_ys
 from memgrad._src.checkpointing.strategies import as_strategy
 
 _warned_eager = []
@@ -20,6 +21,22 @@ def _variable_of(source):
         return None
     value = getattr(source, "value", None)  # a Keras 3 variable wraps a tf.Variable
     return value if isinstance(value, tf.Variable) else None
+
+
+def _mode_name(checkpoints):
+    return getattr(as_strategy(checkpoints), "name", "strategy")
+
+
+def _nested_reason(targets, sources):
+    """Why the rewrite cannot follow the targets (computed in a loop body or a branch) back
+    to the sources in an enclosing graph, or None."""
+    if not targets or not all(tf.is_symbolic_tensor(t) for t in targets):
+        return None
+    graph = targets[0].graph
+    if any(t.graph is not graph for t in targets):
+        return None  # memgrad.gradients raises its own error for that
+    sources = [s if _variable_of(s) is None else _variable_of(s) for s in sources]
+    return outside_graph_of_ys(targets, sources)
 
 
 class GradientTape(tf.GradientTape):
@@ -46,6 +63,9 @@ class GradientTape(tf.GradientTape):
       - Recorded ops: as on `tf.GradientTape`, gradients do not flow through ops created
         while the tape was not recording (after its ``with`` block, inside
         `stop_recording()`, before `reset()`): they are constants to it.
+      - Inside a loop body or a branch: a gradient there of what the tape recorded in an
+        enclosing graph (`jacobian` with ``experimental_use_pfor=False`` takes one per
+        row in a `tf.while_loop`) is `tf.GradientTape`'s own, with a warning.
 
     Args:
       persistent: as for `tf.GradientTape`.
@@ -167,9 +187,26 @@ class GradientTape(tf.GradientTape):
                 "A non-persistent GradientTape can only be used to compute one set of "
                 "gradients (or jacobians)"
             )
-        tf_internals.stop_tape_if_recording(self)
         flat_targets = tf.nest.flatten(target)
         flat_sources = tf.nest.flatten(sources, expand_composites=False)
+        nested = _nested_reason(flat_targets, flat_sources)
+        if nested is not None:
+            # A gradient inside a loop body or a branch (`jacobian` without pfor takes
+            # one per row in a while loop) of what the tape recorded in an enclosing graph:
+            # tf.gradients, the rewrite's own fallback, stops at the captured tensors and
+            # gives a variable read outside no gradient; the tape follows them.
+            warnings.warn(
+                f"memgrad.GradientTape(checkpoints={_mode_name(self.checkpoints)!r}) cannot "
+                f"rewrite this graph: {nested}. Using tf.GradientTape's gradient for it (no "
+                "memory saved).",
+                stacklevel=2,
+            )
+            record_fallback(_mode_name(self.checkpoints), nested)
+            return super().gradient(
+                target, sources, output_gradients=output_gradients,
+                unconnected_gradients=unconnected_gradients,
+            )
+        tf_internals.stop_tape_if_recording(self)
         grad_ys = None
         if output_gradients is not None:
             grad_ys = tf.nest.flatten(output_gradients)
