@@ -178,7 +178,7 @@ def test_budget_error_names_bytes_when_no_fraction_fits():
     assert "Expected a budget of at least 1112 bytes" in message
     assert "plain backprop's simulated peak of 1000 bytes" in message
     assert "memgrad.strategies.Budget(1112)" in message and "Received: Budget(0.5), 500 bytes" in message
-    assert error.smallest_feasible_fraction is None and error.smallest_feasible_bytes == 1000 / 0.9
+    assert error.smallest_feasible_fraction is None and error.smallest_feasible_bytes == 1112
     with pytest.raises(ValueError):  # what the old message asked for cannot be passed
         memgrad.strategies.Budget(1.112)
 
@@ -217,3 +217,15 @@ def test_reversible_sequence_refuses_a_bad_reconstruction_tolerance():
                                              rf"Received: reconstruction_tolerance={re.escape(repr(value))}"):
             ReversibleSequence([AdditiveCoupling(keras.layers.Dense(2), keras.layers.Dense(2))],
                                reconstruction_tolerance=value)
+
+
+def test_the_budget_an_error_names_is_a_whole_number_of_bytes_that_fits():
+    """A refusal named 222 B for a smallest peak of 222.4 B (the margin's division), and
+    Budget(222) was refused in turn: the named budget is now rounded up, float noise aside."""
+    error = _budget_error(budget_bytes=100, smallest_feasible_bytes=177.92 / 0.8,
+                          plain_bytes=1000, margin=0.2)
+    assert error.smallest_feasible_bytes == 223
+    assert "Expected a budget of at least 223 B" in str(error)
+    exact = _budget_error(budget_bytes=100, smallest_feasible_bytes=450 * (1 + 1e-12),
+                          plain_bytes=1000)
+    assert exact.smallest_feasible_bytes == 450

@@ -98,6 +98,20 @@ def _record(**fields):
             log.append(entry)
 
 
+def _plain_gradients(plain):
+    """``plain()`` (TensorFlow's tf.gradients); what it raises is marked as its own."""
+    try:
+        return plain()
+    except Exception as error:
+        error.memgrad_raised_by_tf_gradients = True
+        raise
+
+
+def raised_by_tf_gradients(error):
+    """Whether ``error`` came from the plain tf.gradients memgrad ran (not from memgrad)."""
+    return getattr(error, "memgrad_raised_by_tf_gradients", False)
+
+
 def record_fallback(mode, reason):
     """Notes, for `record_rewrites`, a gradient memgrad left to TensorFlow (``reason``)."""
     _record(mode=mode, fallback=True, fallback_reason=reason)
@@ -326,13 +340,15 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
         # finding plain's own set) says so in its plan.
         if not plan.details.get("same_as_plain"):
+            what = ("none of the tensors marked with memgrad.checkpoint lies between xs and "
+                    "ys" if plan.mode == "collection" else "found nothing worth keeping")
             warnings.warn(
-                f"memgrad.gradients(checkpoints={plan.mode!r}) found nothing worth keeping "
-                f"in a graph of {len(view.ops)} forward ops; using plain tf.gradients for it.",
+                f"memgrad.gradients(checkpoints={plan.mode!r}): {what} in a graph of "
+                f"{len(view.ops)} forward ops; using plain tf.gradients for it.",
                 stacklevel=2,
             )
         _record(mode=plan.mode, fallback=True, plan=plan)
-        return plain()
+        return _plain_gradients(plain)
     gradients_fn = functools.partial(
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
     for _ in range(MAX_REFINEMENTS + 1):
@@ -398,7 +414,7 @@ def _fall_back(plain, mode, plan, reason):
         stacklevel=3,
     )
     _record(mode=mode, fallback=True, plan=plan, fallback_reason=reason)
-    return plain()
+    return _plain_gradients(plain)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -57,7 +57,8 @@ class BudgetError(ValueError):
 
     Attributes:
       budget_bytes: the budget asked for, in bytes.
-      smallest_feasible_bytes: the smallest budget some plan fits, in bytes.
+      smallest_feasible_bytes: the smallest budget some plan fits, in whole bytes (rounded
+        up: ``Budget(error.smallest_feasible_bytes)`` is accepted).
       smallest_feasible_fraction: the same as a `Budget` fraction (None for a byte budget,
         and when it would exceed 1: the message then names the bytes).
       plain_bytes: the predicted peak of plain backprop.
@@ -74,6 +75,9 @@ def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0
                   source="model"):
     held = f", with the {margin:.0%} margin" if margin else ""
     how = _SOURCE_WORDS.get(source, source)
+    # A whole number of bytes, rounded up (after float noise is rounded away): the budget
+    # the error names is one `Budget` accepts when it is passed back.
+    smallest_feasible_bytes = int(math.ceil(round(smallest_feasible_bytes, 6)))
     smallest_fraction = None
     if fraction is not None and plain_bytes > 0:
         # Rounded up, so the fraction named fits.
@@ -83,7 +87,7 @@ def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0
                     f"({format_bytes(smallest_feasible_bytes)})")
         if smallest_fraction > 1.0:
             # No fraction can say it (a fractional Budget is at most 1): name the bytes.
-            needed = int(math.ceil(smallest_feasible_bytes))
+            needed = smallest_feasible_bytes
             error = BudgetError(
                 f"No checkpoint plan fits a budget of {asked} of activations. Expected a budget "
                 f"of at least {needed} bytes ({format_bytes(smallest_feasible_bytes)}): the "

@@ -26,6 +26,10 @@ def differentiable_again(op, grads, build):
     given = [j for j, g in enumerate(grads) if isinstance(g, tf.Tensor) and carries_gradient(g)]
     sources = {}  # each tensor once: tf.gradients gives a repeated source its whole gradient
     for t in [inputs[i] for i in wanted] + [grads[j] for j in given]:
+        if t.dtype == tf.variant and t.op.type in _EMPTY_LISTS:
+            # A list the loop fills holds no value of its inputs: nothing to differentiate,
+            # and XLA cannot build the zeros of an uninitialized list a gradient would need.
+            continue
         sources.setdefault(t.ref(), t)
     sources = list(sources.values())
     results = {}
@@ -65,6 +69,9 @@ def differentiable_again(op, grads, build):
     for i, g in zip(results["positions"], flat):
         in_grads[i] = g
     return in_grads
+
+
+_EMPTY_LISTS = ("TensorListReserve", "EmptyTensorList")
 
 
 def carries_gradient(t):

@@ -308,15 +308,20 @@ def _cheap_region_saved(view, tensor, saved, kept):
 
 
 def collection_plan(view, collection=COLLECTION):
-    """Keep the tensors marked with `memgrad.checkpoint` that lie in this forward pass."""
+    """Keep the tensors marked with `memgrad.checkpoint` that lie in this forward pass.
+
+    A graph with no marked tensor at all is the caller's mistake (ValueError). Marks that
+    all lie off this call's paths (a gradient of a gradient, whose marks are in the first
+    forward pass; a second model in the same step) give an empty plan: plain tf.gradients,
+    with a warning.
+    """
     marked = view.graph.get_collection(collection)
     tensors = [t for t in marked if isinstance(t, tf.Tensor) and view.is_forward(t.op)]
-    if not tensors:
+    if not marked:
         raise ValueError(
             "checkpoints='collection' found no marked tensor between xs and ys. Mark "
             "tensors with memgrad.checkpoint(t) or the memgrad.layers.Checkpoint layer "
-            f"inside the traced function. Received: {len(marked)} marked tensors in the "
-            "graph, none of them on a path from xs to ys."
+            "inside the traced function. Received: 0 marked tensors in the graph."
         )
     return _plan_from_tensors(view, "collection", tensors)
 

@@ -6,8 +6,10 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing.api import gradients, record_fallback, unconnected_gradients_for
-from memgrad._src.checkpointing.fallback import outside_graph_of_ys
+from memgrad._src.checkpointing.api import (
+    gradients, raised_by_tf_gradients, record_fallback, unconnected_gradients_for,
+)
+from memgrad._src.checkpointing.fallback import crash_reason, outside_graph_of_ys
 from memgrad._src.checkpointing.strategies import as_strategy
 
 _warned_eager = []
@@ -216,14 +218,33 @@ class GradientTape(tf.GradientTape):
         variables = [_variable_of(s) for s in flat_sources]
         unwatched = [v is not None and v.ref() not in watched for v in variables]
         wanted = [s for s, skip in zip(flat_sources, unwatched) if not skip]
-        if not tf_internals.tape_is_persistent(self):
-            tf_internals.release_tape(self)
         unrecorded = self._unrecorded(flat_targets)
         extra = {"stop_gradients": unrecorded} if unrecorded else {}
-        grads = iter(gradients(
-            flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
-            unconnected_gradients=unconnected_gradients, **extra,
-        ) if wanted else [])
+        try:
+            grads = iter(gradients(
+                flat_targets, wanted, grad_ys=grad_ys, checkpoints=self.checkpoints,
+                unconnected_gradients=unconnected_gradients, **extra,
+            ) if wanted else [])
+        except Exception as error:  # noqa: BLE001 - only TensorFlow's own failure is caught
+            if not raised_by_tf_gradients(error):
+                raise
+            # memgrad's answer was plain tf.gradients, and it failed where the tape's own
+            # backprop may not (tf.gradients inside enclosing tapes, over lists of loops).
+            reason = crash_reason("plain tf.gradients", error).replace(
+                " (a memgrad bug: please report it)", "")
+            warnings.warn(
+                f"memgrad.GradientTape(checkpoints={_mode_name(self.checkpoints)!r}) cannot "
+                f"rewrite this graph: {reason}. Using tf.GradientTape's gradient for it (no "
+                "memory saved).",
+                stacklevel=2,
+            )
+            record_fallback(_mode_name(self.checkpoints), reason)
+            return super().gradient(
+                target, sources, output_gradients=output_gradients,
+                unconnected_gradients=unconnected_gradients,
+            )
+        if not tf_internals.tape_is_persistent(self):
+            tf_internals.release_tape(self)
         # An unwatched variable is unconnected, so it gets what an unconnected x gets.
         unconnected = tf.UnconnectedGradients(unconnected_gradients)
         results = [
