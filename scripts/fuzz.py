@@ -7,12 +7,17 @@ tf.GradientTape of the same forward in the same tf.function.
 
 Usage:
     python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17] [--loops] [--dtypes]
+                           [--higher]
 
 With --loops every graph holds at least one loop (tf.scan, tf.foldl, tf.map_fn, a
 tf.while_loop writing a TensorArray or running a data-dependent number of steps, a Keras
 recurrent layer, a scan inside a nested tf.function or a tf.cond, nested loops). With
 --dtypes each graph computes in a drawn dtype: float32, float64, or a mixed-precision policy
-(float16 or bfloat16 ops on float32 variables), judged within that dtype's tolerance.
+(float16 or bfloat16 ops on float32 variables), judged within that dtype's tolerance. With
+--higher each graph takes a gradient inside a tf.cond branch or a while loop's body (with
+respect to a tensor of its own or of the enclosing graph; its result checked against
+tf.gradients there), or has every strategy's gradient differentiated again by the same
+strategy (against tf.gradients of tf.gradients), or both.
 
 Prints progress, then the distribution of the max relative error (per strategy and per
 graph), counts of crashes / wrong gradients / fallbacks / budget errors, and the repro
@@ -34,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402  (after the path and environment above)
 
 from tests.checkpointing.random_graphs import (  # noqa: E402
-    DTYPES, FAILURES, TOLERANCE, TOLERANCES, RandomChooser, check_graph, draw_spec,
+    DTYPES, FAILURES, HIGHER_KINDS, TOLERANCE, TOLERANCES, RandomChooser, check_graph, draw_spec,
 )
 
 
@@ -43,14 +48,16 @@ def graph_seed(seed, index):
     return f"{seed}:{index}"
 
 
-def _flags(loops, dtypes):
+def _flags(loops, dtypes, higher=False):
     """The command-line flags that draw the same graphs."""
-    return (" --loops" if loops else "") + (" --dtypes" if dtypes else "")
+    return ((" --loops" if loops else "") + (" --dtypes" if dtypes else "")
+            + (" --higher" if higher else ""))
 
 
-def summarize(results, seed, elapsed, loops=False, dtypes=False):
+def summarize(results, seed, elapsed, loops=False, dtypes=False, higher=False):
     """The summary text of a list of `(index, GraphResult)`."""
-    kinds_drawn = " and ".join(k for k, on in (("loops", loops), ("drawn dtypes", dtypes)) if on)
+    kinds_drawn = " and ".join(k for k, on in (("loops", loops), ("drawn dtypes", dtypes),
+                                               ("higher-order gradients", higher)) if on)
     tolerance = (", ".join(f"{d} {TOLERANCES[d]:g}" for d in DTYPES) if dtypes
                  else f"{TOLERANCE:g}")
     lines = [f"== {len(results)} graphs{' with ' + kinds_drawn if kinds_drawn else ''}, "
@@ -59,6 +66,12 @@ def summarize(results, seed, elapsed, loops=False, dtypes=False):
     if dtypes:
         drawn = collections.Counter(r.spec.dtype for _, r in results)
         lines.append("dtypes: " + "  ".join(f"{d}={drawn[d]}" for d in DTYPES))
+    if higher:
+        inner = collections.Counter(r.spec.layers[-1] for _, r in results
+                                    if r.spec.layers[-1][0] in HIGHER_KINDS)
+        lines.append(f"second order: {sum(r.spec.second_order for _, r in results)} graphs; "
+                     "gradients inside: " + "  ".join(f"{k}/{a}={n}" for (k, a), n in
+                                                       sorted(inner.items())))
     errors = collections.defaultdict(list)
     statuses = collections.Counter()
     budget_errors = 0
@@ -94,22 +107,22 @@ def summarize(results, seed, elapsed, loops=False, dtypes=False):
     lines.append(f"graphs with a failure: {len(failed)}")
     for i, result in failed:
         lines.append(f"-- FAILURE: repro with `python scripts/fuzz.py --seed {seed} --only {i}"
-                     f"{_flags(loops, dtypes)}`")
+                     f"{_flags(loops, dtypes, higher)}`")
         lines.append(result.report())
     return "\n".join(lines)
 
 
 def _check(args):
     """Draws and checks graph `index` of run `seed` (in a worker process with --jobs)."""
-    seed, index, loops, dtypes = args
+    seed, index, loops, dtypes, higher = args
     warnings.simplefilter("ignore")  # 'memory' warns when it keeps nothing; counted below
     return index, check_graph(draw_spec(RandomChooser(graph_seed(seed, index)), loops=loops,
-                                        dtypes=dtypes))
+                                        dtypes=dtypes, higher=higher))
 
 
-def _results(seed, indices, jobs, loops=False, dtypes=False):
+def _results(seed, indices, jobs, loops=False, dtypes=False, higher=False):
     """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one."""
-    work = [(seed, i, loops, dtypes) for i in indices]
+    work = [(seed, i, loops, dtypes, higher) for i in indices]
     if jobs <= 1:
         yield from map(_check, work)
         return
@@ -130,10 +143,13 @@ def main(argv=None):
                         help="draw at least one loop into every graph")
     parser.add_argument("--dtypes", action="store_true",
                         help="draw each graph's dtype: float32, float64, mixed float16/bfloat16")
+    parser.add_argument("--higher", action="store_true",
+                        help="draw gradients inside branches and loop bodies, and gradients "
+                             "of gradients")
     args = parser.parse_args(argv)
     indices = [args.only] if args.only is not None else range(args.graphs)
     results, start = [], time.perf_counter()
-    drawn = dict(loops=args.loops, dtypes=args.dtypes)
+    drawn = dict(loops=args.loops, dtypes=args.dtypes, higher=args.higher)
     for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, **drawn), 1):
         spec = result.spec
         results.append((i, result))

@@ -61,6 +61,11 @@ LOOP_KINDS = (
     "scan", "foldl", "map_fn", "while_ta", "while_data", "rnn", "nested_function",
     "loop_in_cond", "nested_loop",
 )
+# Gradients inside the forward pass, drawn with `draw_spec(chooser, higher=True)` (one layer,
+# appended last): a tf.cond branch or a while loop's body takes memgrad.gradients of a local
+# loss, with respect to a tensor of its own ('local': the rewrite's case) or to one the
+# enclosing graph computed ('outer': plain tf.gradients with a warning), and steps down it.
+HIGHER_KINDS = ("grad_in_cond", "grad_in_loop")
 LOOP_STEPS = (3, 9, 16)  # under 8 steps a loop is replayed whole; from 8 on, in segments
 RNN_CLASSES = ("SimpleRNN", "GRU", "LSTM")
 ACTIVATIONS = ("tanh", "relu", "sigmoid", "none")
@@ -133,6 +138,10 @@ class GraphSpec:
       plain_tape: whether a `tf.GradientTape` records the forward too (the reference of
         memgrad's tape; else tf.gradients without stops is).
       dtype: one of `DTYPES`, what the graph computes in.
+      second_order: every strategy's gradient is differentiated again, by the same strategy
+        (the gradient of half its squared norm), against tf.gradients of tf.gradients.
+      inner_checkpoints: the strategy of the memgrad.gradients call inside a
+        `HIGHER_KINDS` layer.
     """
 
     seed: int
@@ -150,6 +159,8 @@ class GraphSpec:
     tape_checkpoints: str
     plain_tape: bool
     dtype: str = "float32"
+    second_order: bool = False
+    inner_checkpoints: str = "memory"
 
     @property
     def tolerance(self):
@@ -203,12 +214,14 @@ def _loop_argument(chooser, kind):
     return None
 
 
-def draw_spec(chooser, loops=False, dtypes=False):
+def draw_spec(chooser, loops=False, dtypes=False, higher=False):
     """Draws a `GraphSpec` through `chooser` (a `RandomChooser` or `HypothesisChooser`).
 
     With ``loops``, dense-stage layers are drawn from `LOOP_KINDS` too, and one of them,
     at least, is a loop. With ``dtypes``, the graph's dtype is drawn from `DTYPES` (else it
     is float32); it is drawn last, so the rest of a seed's graph is the same either way.
+    With ``higher`` (drawn after that), a `HIGHER_KINDS` layer is appended, or the graph is
+    differentiated twice (`second_order`), or both.
     """
     seed = chooser.integer(0, 2**16)
     conv = []
@@ -264,6 +277,12 @@ def draw_spec(chooser, loops=False, dtypes=False):
     )
     if dtypes:
         spec.dtype = chooser.choice(DTYPES)
+    if higher:
+        kind = chooser.choice(HIGHER_KINDS + (None,))
+        if kind is not None:
+            spec.layers.append((kind, chooser.choice(("local", "outer"))))
+            spec.inner_checkpoints = chooser.choice(TAPE_CHECKPOINTS)
+        spec.second_order = kind is None or bool(chooser.integer(0, 1))
     return spec
 
 
@@ -300,6 +319,7 @@ class RandomGraph:
         self._variables = {}
         self._keras = {}
         self._functions = {}  # the inner tf.functions of `nested_function` layers
+        self.inner_plain = False  # `HIGHER_KINDS` layers: tf.gradients instead of memgrad
         self.unused = tf.Variable(tf.ones([3], self.variable_dtype), name="unconnected")
         rng = np.random.default_rng(spec.seed + 1)
         image = rng.standard_normal((BATCH, SIDE, SIDE, CHANNELS)).astype("float32")
@@ -402,7 +422,33 @@ class RandomGraph:
             return h + tf.tanh(tf.reduce_mean(tf.gather(table, ids), axis=1))
         if kind in LOOP_KINDS:
             return self._loop(name, kind, argument, h)
+        if kind in HIGHER_KINDS:
+            return self._inner_gradient(name, kind, argument, h)
         raise ValueError(f"unknown layer kind {kind!r}")
+
+    def _inner_gradient(self, name, kind, argument, h):
+        """A gradient step taken inside a branch or a loop body (`HIGHER_KINDS`); with
+        `inner_plain` set, by tf.gradients (the same forward, TensorFlow's gradient)."""
+        w = self._var(name, [WIDTH, WIDTH], 0.5)
+
+        def descend(c):
+            if argument == "local":
+                loss, source = tf.reduce_sum(tf.tanh(c @ w) ** 2), c
+            else:  # with respect to h, computed outside the branch or the loop
+                loss, source = tf.reduce_sum(tf.tanh(c @ w) * h), h
+            if tf.executing_eagerly():  # the run that creates the variables
+                step = tf.zeros_like(source)
+            elif self.inner_plain:
+                step = tf.gradients(loss, source)[0]
+            else:
+                step = memgrad.gradients(loss, source,
+                                         checkpoints=self.spec.inner_checkpoints)[0]
+            return c - 0.1 * step
+
+        if kind == "grad_in_cond":
+            return tf.cond(tf.reduce_mean(h) > 0.0, lambda: descend(h * 1.0),
+                           lambda: tf.nn.relu(h))
+        return tf.while_loop(lambda i, c: i < 3, lambda i, c: (i + 1, descend(c)), (0, h))[1]
 
     def _sequence(self, name, h, steps):
         """`[steps, BATCH, WIDTH]` inputs of a loop over time, each step a function of h."""
@@ -635,32 +681,49 @@ def check_graph(spec, only=None):
             ys, records = graph.forward(x, ids, labels)
         xs = xs_of(x, records)
         stops = [records[i] for i in spec.stops]
-        out = {"reference": tf.gradients(ys, xs, stop_gradients=stops or None,
-                                         unconnected_gradients=spec.unconnected)}
+        kwargs = {"stop_gradients": stops or None, "unconnected_gradients": spec.unconnected}
+
+        def again(gradients_fn, grads, **more):
+            """With `second_order`, the gradient of half the squared norm of ``grads``."""
+            if not spec.second_order:
+                return grads
+            return gradients_fn(_half_squared_norm(grads), xs, **more)
+
+        out = {"reference": again(tf.gradients, tf.gradients(ys, xs, **kwargs), **kwargs)}
+        if spec.layers[-1][0] in HIGHER_KINDS:
+            # The inner gradient step itself, against the same forward with tf.gradients.
+            graph.inner_plain = True
+            try:
+                out["inner_plain"] = [graph.forward(x, ids, labels)[1][-1]]
+            finally:
+                graph.inner_plain = False
+            out["inner"] = [records[-1]]
         # When the stops cut every path from the input, nothing upstream of them gets a
         # gradient; a strategy that kept only tensors there has nothing to recompute.
         log["cut"] = bool(stops) and tf.gradients(ys, [x], stop_gradients=stops)[0] is None
         for name, checkpoints in strategies:
             if checkpoints == "list":
                 checkpoints = [records[i] for i in spec.list_checkpoints]
-            grads = _call(log, name, lambda c=checkpoints: memgrad.gradients(
-                ys, xs, checkpoints=c, stop_gradients=stops or None,
-                unconnected_gradients=spec.unconnected), retry=(lambda error: memgrad.gradients(
-                    ys, xs, checkpoints=_smallest_budget(error), stop_gradients=stops or None,
-                    unconnected_gradients=spec.unconnected)))
+            def differentiate(c):
+                grads = memgrad.gradients(ys, xs, checkpoints=c, **kwargs)
+                return again(memgrad.gradients, grads, checkpoints=c, **kwargs)
+
+            grads = _call(log, name, lambda c=checkpoints: differentiate(c),
+                          retry=lambda error: differentiate(_smallest_budget(error)))
             if grads is not None:
                 out[name] = grads
         if "tape" in names:
             # A tape has no stop_gradients: its reference is tf.GradientTape's gradient,
             # or else tf.gradients without stops, of the same forward.
+            unconnected = {"unconnected_gradients": spec.unconnected}
             if plain is not None:
-                out["tape_reference"] = plain.gradient(
-                    ys, xs, unconnected_gradients=spec.unconnected)
+                reference = plain.gradient(ys, xs, **unconnected)
             else:
-                out["tape_reference"] = out["reference"] if not stops else tf.gradients(
-                    ys, xs, unconnected_gradients=spec.unconnected)
-            grads = _call(log, "tape", lambda: tape.gradient(
-                ys, xs, unconnected_gradients=spec.unconnected))
+                reference = tf.gradients(ys, xs, **unconnected)
+            out["tape_reference"] = again(tf.gradients, reference, **unconnected)
+            grads = _call(log, "tape", lambda: again(
+                memgrad.gradients, tape.gradient(ys, xs, **unconnected),
+                checkpoints=spec.tape_checkpoints, **unconnected))
             if grads is not None:
                 out["tape"] = grads
         return out
@@ -675,6 +738,10 @@ def check_graph(spec, only=None):
         detail = traceback.format_exc(limit=-8)
         return GraphResult(spec, [Outcome(n, "crash", float("inf"), detail) for n in names])
     outcomes = [_outcome(n, log.get(n), results, log["cut"], spec.tolerance) for n in names]
+    if "inner" in results:
+        error, problem = compare(results["inner_plain"], results["inner"], spec.tolerance)
+        status = "wrong" if problem or not error <= spec.tolerance else "ok"
+        outcomes.append(Outcome("inner", status, error, problem or "the inner gradient step"))
     if any(o.status == "wrong" and o.detail.startswith("worst:") for o in outcomes):
         _triage(spec, outcomes, results)
     for o in outcomes:
@@ -684,9 +751,18 @@ def check_graph(spec, only=None):
     return GraphResult(spec, outcomes)
 
 
+def _half_squared_norm(grads):
+    """Half the sum of squares of a gradient list (None skipped), in float32: the scalar a
+    `second_order` graph differentiates again."""
+    parts = [tf.reduce_sum(tf.cast(tf.convert_to_tensor(g), tf.float32) ** 2)
+             for g in grads if g is not None]
+    return 0.5 * tf.add_n(parts) if parts else tf.zeros([])
+
+
 def _float64_gradients(spec):
     """tf.gradients of `spec`'s graph in float64 (same values): with and without stops."""
     graph = RandomGraph(spec, "float64")
+    graph.inner_plain = True
 
     @tf.function(autograph=False)
     def step(x, ids, labels):
@@ -695,9 +771,16 @@ def _float64_gradients(spec):
         xs += [x] if spec.x_input else []
         xs += [graph.unused] if spec.x_unconnected else []
         stops = [records[i] for i in spec.stops] or None
-        return {"reference": tf.gradients(ys, xs, stop_gradients=stops,
-                                          unconnected_gradients=spec.unconnected),
-                "tape_reference": tf.gradients(ys, xs, unconnected_gradients=spec.unconnected)}
+
+        def gradients(**kwargs):
+            grads = tf.gradients(ys, xs, **kwargs)
+            if spec.second_order:
+                grads = tf.gradients(_half_squared_norm(grads), xs, **kwargs)
+            return grads
+
+        return {"reference": gradients(stop_gradients=stops,
+                                       unconnected_gradients=spec.unconnected),
+                "tape_reference": gradients(unconnected_gradients=spec.unconnected)}
 
     return step(graph.x, graph.ids, graph.labels)
 
