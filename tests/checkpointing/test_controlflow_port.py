@@ -33,10 +33,7 @@ COMMITTED = _committed()
 
 # Crashes the matrix records, each a known memgrad bug (see docs/loops.md): pinned, so a
 # fix shows up here (and the matrix must be run again) and no new one passes unnoticed.
-KNOWN_CRASHES = {
-    ("functional_ops: scan with a checkpointed output, third derivative", "budget", True):
-        "XLA finds a Shape op of a TensorList in the third-order loop body",
-}
+KNOWN_CRASHES = {}  # (case, entry, xla): why
 
 
 def _slice(index):

@@ -196,10 +196,12 @@ def test_the_gradient_of_a_loop_gradient_is_exact(checkpoints, entry, recorded):
     assert _relative_error(by_memgrad, expected) <= RTOL
     if checkpoints == "memory":
         assert log[0].loops and log[0].loops[0].mode == "segments", log[0]
-    # memgrad's second call, on a graph holding the first one's loop gradient, is rewritten
-    # too (its loops and the ops between them are one unit; it fell back on a cycle before).
-    assert not any(entry_.fallback_reason for entry_ in log), log
-    assert not _fallback_warnings(caught)
+    assert not log[0].fallback_reason
+    # memgrad's second call, on a graph holding the first one's loop gradient, may fall back
+    # (its checkpoints form a cycle, see test_an_internal_failure_...): once, saying why.
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) <= 1, fallbacks
+    assert all("building the rewrite raised" in f for f in fallbacks), fallbacks
 
 
 @pytest.mark.parametrize("checkpoints, mode", [("memory", "replay"), ("speed", "kept")])
@@ -340,12 +342,12 @@ def test_what_the_caller_caused_is_still_raised(monkeypatch):
 
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("checkpoints", ["memory", "collection"])
-def test_a_third_derivative_through_a_loop_is_rewritten_exactly(checkpoints, entry, recorded):
-    """memgrad on the graph of its own loop gradients: the forward loop and its gradient
-    loops share TensorLists and are one unit, which used to leave out the ops between them
-    and so sit both upstream and downstream of them (networkx raised NetworkXUnfeasible, a
-    warned fallback). Units now hold every op between their loops: no fallback, and the
-    result is tf.gradients'."""
+def test_a_third_derivative_through_a_loop_is_exact_or_warned(checkpoints, entry, recorded):
+    """memgrad on the graph of its own loop gradients: the checkpoints it picks there can
+    form a cycle (the forward loop and its gradient loops share TensorLists and form one
+    unit, without the ops between them); that is a fallback with one warning per call,
+    naming it, and the result is tf.gradients'. (Units grown to hold the ops between them
+    removed the cycle but gave wrong second derivatives on some random graphs: reverted.)"""
     caught, log = recorded
     mark = checkpoints == "collection"
 
@@ -374,8 +376,9 @@ def test_a_third_derivative_through_a_loop_is_rewritten_exactly(checkpoints, ent
     got, expected = step(_V)
     assert _relative_error(got, expected) <= RTOL
     assert len(log) == 3
-    assert not _fallback_warnings(caught)
-    assert not any(entry_.fallback_reason for entry_ in log), log
+    fallbacks = _fallback_warnings(caught)
+    assert len(fallbacks) == sum(1 for entry_ in log if entry_.fallback_reason)
+    assert all("building the rewrite raised" in f for f in fallbacks), fallbacks
 
 
 # ---------------------------------------------------------------------- nested graphs
