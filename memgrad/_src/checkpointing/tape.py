@@ -156,6 +156,21 @@ class GradientTape(tf.GradientTape):
                 stops.extend(op.outputs)
         return stops
 
+    def _tape_gradient(self, reason, target, sources, output_gradients, unconnected_gradients):
+        """tf.GradientTape's own gradient, where memgrad cannot give it (``reason``), with one
+        warning (pointing at the caller of `gradient`) and a `record_rewrites` entry."""
+        mode = _mode_name(self.checkpoints)
+        warnings.warn(
+            f"memgrad.GradientTape(checkpoints={mode!r}) cannot rewrite this graph: {reason}. "
+            "Using tf.GradientTape's gradient for it (no memory saved).",
+            stacklevel=3,
+        )
+        record_fallback(mode, reason)
+        return super().gradient(
+            target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients,
+        )
+
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
@@ -197,17 +212,8 @@ class GradientTape(tf.GradientTape):
             # one per row in a while loop) of what the tape recorded in an enclosing graph:
             # tf.gradients, the rewrite's own fallback, stops at the captured tensors and
             # gives a variable read outside no gradient; the tape follows them.
-            warnings.warn(
-                f"memgrad.GradientTape(checkpoints={_mode_name(self.checkpoints)!r}) cannot "
-                f"rewrite this graph: {nested}. Using tf.GradientTape's gradient for it (no "
-                "memory saved).",
-                stacklevel=2,
-            )
-            record_fallback(_mode_name(self.checkpoints), nested)
-            return super().gradient(
-                target, sources, output_gradients=output_gradients,
-                unconnected_gradients=unconnected_gradients,
-            )
+            return self._tape_gradient(nested, target, sources, output_gradients,
+                                       unconnected_gradients)
         tf_internals.stop_tape_if_recording(self)
         grad_ys = None
         if output_gradients is not None:
@@ -232,17 +238,8 @@ class GradientTape(tf.GradientTape):
             # backprop may not (tf.gradients inside enclosing tapes, over lists of loops).
             reason = crash_reason("plain tf.gradients", error).replace(
                 " (a memgrad bug: please report it)", "")
-            warnings.warn(
-                f"memgrad.GradientTape(checkpoints={_mode_name(self.checkpoints)!r}) cannot "
-                f"rewrite this graph: {reason}. Using tf.GradientTape's gradient for it (no "
-                "memory saved).",
-                stacklevel=2,
-            )
-            record_fallback(_mode_name(self.checkpoints), reason)
-            return super().gradient(
-                target, sources, output_gradients=output_gradients,
-                unconnected_gradients=unconnected_gradients,
-            )
+            return self._tape_gradient(reason, target, sources, output_gradients,
+                                       unconnected_gradients)
         if not tf_internals.tape_is_persistent(self):
             tf_internals.release_tape(self)
         # An unwatched variable is unconnected, so it gets what an unconnected x gets.
