@@ -124,6 +124,43 @@ def test_tf_gradients_of_memgrad_gradients_equal_those_of_tf_gradients(checkpoin
     assert not _fallback_warnings(caught)
 
 
+@pytest.mark.parametrize("activation", [tf.tanh, tf.sigmoid, tf.nn.relu, tf.exp],
+                         ids=["tanh", "sigmoid", "relu", "exp"])
+@pytest.mark.parametrize("second", ["tf.gradients", "memgrad"])
+@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+def test_second_derivative_with_respect_to_an_intermediate_x(
+        checkpoints, second, activation, recorded):
+    """An intermediate tensor among the xs: its op's gradient reads the op's own output
+    (TanhGrad reads tanh's output), so tf.gradients' gradient depends on that x directly,
+    and a second derivative with respect to it counts the use. Taken on a recomputed copy,
+    that term was lost (the second derivative with respect to the x was 0.5 off)."""
+    caught, log = recorded
+    w0 = tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [0, 3]) * 0.3)
+    differentiate_again = {"tf.gradients": tf.gradients,
+                           "memgrad": lambda y, xs: memgrad.gradients(y, xs, checkpoints=checkpoints)}
+
+    def loss_and_xs(x):
+        t = activation(x @ w0)
+        h = t
+        for _ in range(4):
+            h = h + tf.tanh(h @ _W)
+        return tf.reduce_sum(h ** 2), [w0, _W, t]
+
+    def half_squared_norm(grads):
+        return 0.5 * tf.add_n([tf.reduce_sum(g ** 2) for g in grads])
+
+    @tf.function(autograph=False)
+    def step(x):
+        loss, xs = loss_and_xs(x)
+        expected = tf.gradients(half_squared_norm(tf.gradients(loss, xs)), xs)
+        first = memgrad.gradients(loss, xs, checkpoints=checkpoints)
+        return differentiate_again[second](half_squared_norm(first), xs), expected
+
+    got, expected = step(_X * 0.5)
+    _assert_close(got, expected)
+    assert not log[0].fallback and log[0].copied_ops > 0, log[0]
+
+
 @pytest.mark.parametrize("checkpoints", ["memory", "speed"])
 def test_memgrad_tapes_nested_give_the_second_derivative(checkpoints, recorded):
     """memgrad.GradientTape inside memgrad.GradientTape: the outer one rewrites the inner

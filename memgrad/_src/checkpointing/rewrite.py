@@ -73,6 +73,7 @@ class _Rewrite:
         for t in view.x_tensors:
             if view.is_forward(t.op) and is_differentiable(t.dtype):
                 self._add(t)
+                self._keep_inputs_of_x(t)
             else:
                 self.checkpoints.pop(t.ref(), None)
         self._add_siblings()
@@ -90,6 +91,25 @@ class _Rewrite:
     # ------------------------------------------------------------------ checkpoint set
     def _add(self, t):
         self.checkpoints.setdefault(t.ref(), t)
+
+    def _keep_inputs_of_x(self, x):
+        """Keeps the inputs of the op that computes an intermediate x, so that op's gradient
+        is taken on the original op (`_differentiable_in_place`), never on a copy.
+
+        The values are the same either way, but a gradient of this gradient differs: the
+        gradient functions of Tanh, Sigmoid, Relu, Exp and others read the op's own output,
+        so tf.gradients' gradient reads x itself, and differentiating it again with respect
+        to x counts that use. Taken on a copy, the gradient would read the recomputed x and
+        the second derivative with respect to x would miss that term (silently). The inputs
+        are only held alive if the gradient function reads them.
+        """
+        view = self.view
+        if not view.recomputable(x.op) or gradient_function(x.op) is None:
+            return  # kept as a unit boundary, or differentiated by tf.gradients as a whole
+        for t in x.op.inputs:
+            if (is_differentiable(t.dtype) and view.is_forward(t.op)
+                    and not view.is_interior(t) and view.variable_index_of_read(t) is None):
+                self._add(t)
 
     def _add_atomic_boundaries(self):
         """Keeps the floating inputs and outputs of every unit that is not recomputed."""
