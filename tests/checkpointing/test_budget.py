@@ -330,6 +330,36 @@ def test_budget_counts_an_xla_calls_temporary_buffer():
     assert with_scratch >= without + 15 * 2**20, (with_scratch / 2**20, without / 2**20)
 
 
+def test_under_xla_a_budget_plans_on_the_model_and_traces_nothing_on_the_side():
+    """In a graph traced for XLA a Budget plans on the memory model alone: a simulation's
+    side gradient and candidate rewrites would stay in the graph and XLA compiles them too
+    (a refused candidate's loop once held an op XLA cannot compile)."""
+    w = tf.Variable(tf.random.stateless_normal([64, 64], [3, 4]) * 0.1)
+
+    def loss_fn_(x):
+        h = x
+        for _ in range(12):
+            h = h + tf.tanh(h @ w)
+        return tf.reduce_sum(h ** 2)
+
+    graphs = {}
+
+    @tf.function(jit_compile=True, autograph=False)
+    def step(x):
+        graphs["step"] = tf.compat.v1.get_default_graph()
+        loss = loss_fn_(x)
+        return (memgrad.gradients(loss, [w], checkpoints=memgrad.strategies.Budget(0.8)),
+                tf.gradients(loss, [w]))
+
+    x = tf.random.stateless_normal([256, 64], [5, 6])
+    with memgrad.record_rewrites() as log:
+        got, expected = step(x)
+    assert max_relative_error(expected, got) <= 1e-5
+    assert log[0].plan.details["scale_source"] == "model", log[0].plan.details
+    names = [op.name for op in graphs["step"].get_operations()]
+    assert not [n for n in names if "memgrad_budget_plain" in n]
+
+
 @pytest.mark.slow
 def test_budget_through_gradients_tape_and_fit_hook_gives_tf_gradients():
     model, _, _ = residual(depth=16, width=32)

@@ -233,12 +233,50 @@ def test_the_gradient_of_a_loop_gradient_is_exact(checkpoints, entry, recorded):
     assert _relative_error(by_memgrad, expected) <= RTOL
     if checkpoints == "memory":
         assert log[0].loops and log[0].loops[0].mode == "segments", log[0]
-    assert not log[0].fallback_reason
-    # memgrad's second call, on a graph holding the first one's loop gradient, may fall back
-    # (its checkpoints form a cycle, see test_an_internal_failure_...): once, saying why.
-    fallbacks = _fallback_warnings(caught)
-    assert len(fallbacks) <= 1, fallbacks
-    assert all("building the rewrite raised" in f for f in fallbacks), fallbacks
+    # memgrad's second call, on a graph holding the first one's loop gradient, is rewritten
+    # too (its loops and the ops between them are one unit; it fell back on a cycle before).
+    assert not any(entry_.fallback_reason for entry_ in log), log
+    assert not _fallback_warnings(caught)
+
+
+@pytest.mark.parametrize("first", ["tf.gradients", "memgrad"])
+@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+def test_second_call_with_respect_to_an_x_between_a_loop_and_its_gradient_loop(
+        checkpoints, first, recorded):
+    """memgrad's second call on a loop's gradient holds the forward loop, its gradient loop
+    and the ops between them as one unit, differentiated as a whole. An x among those ops
+    (here an activation after the loop, which the first gradient's loop reads through its
+    incoming gradient) gets its gradient through the unit's own ops only as a source of that
+    call. Without it that part was lost: wholly here (the lost-gradient check then fell
+    back), in part on fuzz.py's graphs 27, 52 and 60 (0.13-1.0 relative off, silently)."""
+    caught, log = recorded
+    w = tf.Variable([[0.5, -0.2, 0.3, 0.1], [0.1, 0.4, -0.3, 0.2],
+                     [-0.2, 0.1, 0.6, -0.1], [0.3, -0.1, 0.2, 0.5]])
+    first_call = {"tf.gradients": tf.gradients,
+                  "memgrad": lambda y, xs: memgrad.gradients(y, xs, checkpoints=checkpoints)}
+
+    def loss_and_xs(x):
+        h = tf.while_loop(lambda i, v: i < 6,
+                          lambda i, v: (i + 1, tf.tanh(tf.linalg.matvec(_M, v) * x)),
+                          (0, x))[1]
+        t = tf.tanh(tf.linalg.matvec(w, h))
+        return tf.reduce_sum(t ** 3), [w, x, t]
+
+    def half_squared_norm(grads):
+        return 0.5 * tf.add_n([tf.reduce_sum(g ** 2) for g in grads])
+
+    @tf.function(autograph=False)
+    def step(x):
+        loss, xs = loss_and_xs(x)
+        expected = tf.gradients(half_squared_norm(tf.gradients(loss, xs)), xs)
+        grads = first_call[first](loss, xs)
+        got = memgrad.gradients(half_squared_norm(grads), xs, checkpoints=checkpoints)
+        return got, expected
+
+    got, expected = step(_V)
+    _assert_close(got, expected)
+    assert not any(entry.fallback_reason for entry in log), log
+    assert not _fallback_warnings(caught)
 
 
 @pytest.mark.parametrize("checkpoints, mode", [("memory", "replay"), ("speed", "kept")])
@@ -379,12 +417,14 @@ def test_what_the_caller_caused_is_still_raised(monkeypatch):
 
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("checkpoints", ["memory", "collection"])
-def test_a_third_derivative_through_a_loop_is_exact_or_warned(checkpoints, entry, recorded):
-    """memgrad on the graph of its own loop gradients: the checkpoints it picks there can
-    form a cycle (the forward loop and its gradient loops share TensorLists and form one
-    unit, without the ops between them); that is a fallback with one warning per call,
-    naming it, and the result is tf.gradients'. (Units grown to hold the ops between them
-    removed the cycle but gave wrong second derivatives on some random graphs: reverted.)"""
+def test_a_third_derivative_through_a_loop_is_rewritten_exactly(checkpoints, entry, recorded):
+    """memgrad on the graph of its own loop gradients: the forward loop and its gradient
+    loops share TensorLists and are one unit, which used to leave out the ops between them
+    and so sit both upstream and downstream of them (networkx raised NetworkXUnfeasible, a
+    warned fallback). Units now hold every op between their loops: no fallback, and the
+    result is tf.gradients'. Under nested memgrad tapes the loop gradients are calls of
+    nested functions, and a unit is not grown over a call (see `ForwardGraph._convex`):
+    there a later call may still fall back, once, naming the cycle."""
     caught, log = recorded
     mark = checkpoints == "collection"
 
@@ -414,8 +454,13 @@ def test_a_third_derivative_through_a_loop_is_exact_or_warned(checkpoints, entry
     assert _relative_error(got, expected) <= RTOL
     assert len(log) == 3
     fallbacks = _fallback_warnings(caught)
-    assert len(fallbacks) == sum(1 for entry_ in log if entry_.fallback_reason)
-    assert all("building the rewrite raised" in f for f in fallbacks), fallbacks
+    if entry == "gradients":
+        assert not fallbacks
+        assert not any(entry_.fallback_reason for entry_ in log), log
+    else:
+        assert not log[0].fallback_reason, log[0]
+        assert len(fallbacks) == sum(1 for entry_ in log if entry_.fallback_reason)
+        assert all("NetworkXUnfeasible" in f for f in fallbacks), fallbacks
 
 
 # ---------------------------------------------------------------------- nested graphs

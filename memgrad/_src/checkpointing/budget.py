@@ -16,6 +16,7 @@ import warnings
 
 import tensorflow as tf
 
+from memgrad._src import tf_internals
 from memgrad._src.checkpointing.budget_measure import NOT_FOUND, peak_of, plain_gradients
 from memgrad._src.checkpointing.budget_planner import (
     BudgetError, CurvePoint, _budget_error, _Planner, budget_curve)
@@ -81,7 +82,10 @@ class Budget(Strategy):
         plans: the measured figures moved with the executor's order, and with them the
         plan). True warns once.
       simulate: simulate peaks with Grappler (default). ``False`` plans on the memory
-        model alone (cheaper; its figures can be far off on convolutional networks).
+        model alone (cheaper; its figures can be far off on convolutional networks). In a
+        graph traced for XLA (``jit_compile=True``) the model alone plans either way:
+        Grappler does not see XLA's buffers, and what a simulation traces would be
+        compiled with the step.
       scratch: count kernels' scratch buffers in the simulations, as
         `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
         call runs once alone on zeros, at trace time; results are cached for the process).
@@ -205,8 +209,13 @@ class Budget(Strategy):
         start = time.perf_counter()
         planner = _Planner(view)
         modelled = planner.plain_bytes
-        kernels = measuring_device() if self.simulate and self.scratch else None
-        grads = plain_gradients(view) if self.refines else None
+        # Under XLA the model alone plans: Grappler simulates TensorFlow's executor, not
+        # XLA's buffers, and the side gradient and candidate rewrites a simulation builds
+        # stay in the traced graph, where XLA would compile them too.
+        simulating = self.refines and not tf_internals.graph_or_parents_in_xla_context(
+            view.graph)
+        kernels = measuring_device() if simulating and self.scratch else None
+        grads = plain_gradients(view) if simulating else None
         plain, source = peak_of(view, grads, kernels, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0
         plain_bytes = plain if plain else modelled

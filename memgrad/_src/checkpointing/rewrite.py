@@ -316,9 +316,30 @@ class _Rewrite:
                     previous.append(_dense_parts(grad))
         for unit in {view.unit_of(t.op): None for t in atomic}:
             outs = [t for t in atomic if view.unit_of(t.op) is unit]
-            for t, grad in self._unit_gradient(unit, outs, incoming):
+            inside = self._xs_inside(unit)
+            pairs = self._unit_gradient(unit, outs, incoming, inside)
+            for t, grad in pairs[:len(pairs) - len(inside)]:
                 parts.route(t, grad)
+            for x, grad in pairs[len(pairs) - len(inside):]:
+                # x's whole gradient: the part from outside the unit (x's grad_ys, when
+                # x is among outs) and the part through the unit's own ops downstream of x.
+                parts.kept[x.ref()] = [grad] if grad is not None else []
         return previous
+
+    def _xs_inside(self, unit):
+        """The xs computed by ops of a unit of several ops, once each, in forward order.
+
+        The unit is differentiated as a whole, from its outputs to its inputs: such an x
+        gets its gradient through the unit's ops downstream of it only when it is one of
+        the sources of that call."""
+        if len(unit) == 1:
+            return []
+        members = set(unit)
+        found = {}
+        for t in self.view.x_tensors:
+            if t.op in members and is_differentiable(t.dtype) and t.ref() in self.checkpoints:
+                found.setdefault(t.ref(), t)
+        return list(found.values())
 
     @staticmethod
     def gate_for(regular, incoming, previous):
@@ -337,7 +358,7 @@ class _Rewrite:
                     found.setdefault(t.ref(), t)
         return list(found.values())
 
-    def _unit_gradient(self, unit, outs, incoming):
+    def _unit_gradient(self, unit, outs, incoming, inside=()):
         """(input, gradient) pairs of a unit that is not recomputed, from its outputs' gradients.
 
         A single op's own gradient function is called directly (tf.gradients with the inputs
@@ -346,20 +367,20 @@ class _Rewrite:
         outputs to its inputs. A loop's gradient is `LoopGradients.gradient` either way.
         """
         ins = [t for t in self._unit_inputs(unit[0]) if self._atomic_source(t)]
-        if not ins:
+        if not ins and not inside:
             return []
         if len(unit) == 1 and self._gradient_function(unit[0]) is not None:
             return self._gradient_in_place(unit[0], incoming, self._atomic_source)
         loops = self.loops.install(unit)
         try:
             grads = self.gradients_fn(
-                outs, ins, grad_ys=[incoming[t.ref()] for t in outs],
+                outs, ins + list(inside), grad_ys=[incoming[t.ref()] for t in outs],
                 stop_gradients=ins, **self.kwargs,
             )
         finally:
             self.loops.uninstall(loops)
         self.segments += 1
-        return list(zip(ins, grads))
+        return list(zip(ins + list(inside), grads))
 
     def _gradient_function(self, op):
         """The gradient function the rewrite uses for ``op``: `LoopGradients` for a loop."""

@@ -279,7 +279,8 @@ class ForwardGraph:
 
         Stateful ops (random number generators with state, variable updates, reads that may
         see an update), ops calling functions (If, While, PartitionedCall), ops with a custom
-        gradient override, and ops handling resources or variants are kept, never re-run.
+        gradient override, ops handling resources or variants, and ops of a unit (`unit_of`)
+        are kept, never re-run.
         """
         cached = self._recomputable.get(op)
         if cached is not None:
@@ -295,6 +296,8 @@ class ForwardGraph:
         if ok:
             attrs = op.node_def.attr
             ok = "_gradient_op_type" not in attrs and not _has_function_attr(op)
+        # An op on a path between two ops of a unit belongs to it (`_convex`): kept whole.
+        ok = ok and len(self.unit_of(op)) == 1
         self._recomputable[op] = ok
         return ok
 
@@ -365,12 +368,67 @@ class ForwardGraph:
         members = {}
         for op in joined:
             members.setdefault(root(op), []).append(op)
+        members = self._convex(members)
         units = {}
         for group in members.values():
             unit = tuple(sorted(group, key=self._order.__getitem__))
             for op in unit:
                 units[op] = unit
         return units
+
+    def _convex(self, members):
+        """The groups of ``members`` ({root: ops}) grown until each holds every forward op on
+        a path between two of its ops, merging groups that meet.
+
+        A unit is kept whole and differentiated from its outputs to its inputs, so no path
+        may leave it and come back: in a gradient of a loop's gradient, the forward loop and
+        the gradient loop share TensorLists (its accumulators) while the gradient loop also
+        reads, through ordinary ops, what the forward loop computed. Without the ops between
+        them the unit would be both upstream and downstream of those ops (a cycle).
+        A group whose closure would take in a call of a nested function is not grown (the
+        call's gradient would be taken twice, see the comment below): the rewrite then
+        meets the cycle and falls back with a warning.
+        """
+        if len(members) == 0:
+            return members
+        consumers = {}
+        for op in self.ops:
+            for t in op.inputs:
+                if t.op in self.op_set:
+                    consumers.setdefault(t.op, []).append(op)
+
+        def reach(start, step):
+            seen, stack = set(start), list(start)
+            while stack:
+                for other in step(stack.pop()):
+                    if other not in seen:
+                        seen.add(other)
+                        stack.append(other)
+            return seen
+
+        groups = [set(group) for group in members.values()]
+        changed = True
+        while changed:
+            changed = False
+            for i, group in enumerate(groups):
+                if len(group) < 2:
+                    continue
+                below = reach(group, lambda op: consumers.get(op, ()))
+                above = reach(group, lambda op: [t.op for t in op.inputs if t.op in self.op_set])
+                closure = group | (below & above)
+                if closure == group or any(is_function_call(op) for op in closure):
+                    # A call of a nested function in a unit is differentiated twice: the
+                    # last segment flows through its gradient (see `_Rewrite.last_segment`)
+                    # and the unit's own call does again; such a group is left as it is.
+                    continue
+                for j, other in enumerate(groups):
+                    if j != i and other and other & closure:
+                        closure |= other
+                        groups[j] = set()
+                groups[i] = closure
+                changed = True
+        return {min(group, key=self._order.__getitem__): list(group)
+                for group in groups if group}
 
     def is_interior(self, tensor):
         """True for a tensor the rewrite can never keep on its own: a TensorList or a
