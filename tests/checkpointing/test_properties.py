@@ -127,19 +127,16 @@ def test_the_check_catches_a_slightly_wrong_gradient(monkeypatch):
     assert [o.status for o in result.outcomes] == ["wrong"], result.report()
 
 
-# Graphs of `python scripts/fuzz.py --seed 0 --loops --higher` whose second derivatives were
-# silently wrong: 51 (memgrad's first call, an intermediate x whose op's gradient was taken
-# on a recomputed copy), 52 (an x among the ops between a loop and its gradient loop, left
-# out of their unit's gradient), 9 (a nested function's call and its gradient call grown into
-# one unit). Now exact, or plain tf.gradients with a warning where the rewrite cannot follow.
+# A graph of `python scripts/fuzz.py --seed 0 --loops --higher` whose second derivative was
+# silently wrong (3-12%) while units grew over a nested function's call and its gradient call
+# (see `ForwardGraph._convex`): now plain tf.gradients with a warning there. The other graphs
+# that were wrong (51: an intermediate x; 52: an x inside a unit) have fast unit tests in
+# test_higher_order.py.
 @pytest.mark.slow
-@pytest.mark.parametrize("index, rewritten", [(9, False), (51, False), (52, True)])
-def test_fuzz_graphs_once_wrong_are_exact_or_a_warned_fallback(index, rewritten):
-    spec = draw_spec(RandomChooser(f"0:{index}"), loops=True, higher=True)
+def test_a_fuzz_graph_once_wrong_is_exact_or_a_warned_fallback():
+    spec = draw_spec(RandomChooser("0:9"), loops=True, higher=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = check_graph(spec)
     statuses = [o.status for o in result.outcomes]
     assert not [s for s in statuses if s in ("wrong", "crash")], result.report()
-    if rewritten:
-        assert "fallback" not in statuses, result.report()
