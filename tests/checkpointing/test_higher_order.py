@@ -124,6 +124,18 @@ def test_tf_gradients_of_memgrad_gradients_equal_those_of_tf_gradients(checkpoin
     assert not _fallback_warnings(caught)
 
 
+def _half_squared_norm(grads):
+    """The scalar a gradient of a gradient differentiates: half the gradients' squared norm."""
+    return 0.5 * tf.add_n([tf.reduce_sum(g ** 2) for g in grads])
+
+
+def _gradients_by(name, checkpoints):
+    """tf.gradients, or memgrad.gradients with ``checkpoints``, as ``f(y, xs)``."""
+    if name == "tf.gradients":
+        return tf.gradients
+    return lambda y, xs: memgrad.gradients(y, xs, checkpoints=checkpoints)
+
+
 @pytest.mark.parametrize("activation", [tf.tanh, tf.sigmoid, tf.nn.relu, tf.exp],
                          ids=["tanh", "sigmoid", "relu", "exp"])
 @pytest.mark.parametrize("second", ["tf.gradients", "memgrad"])
@@ -136,8 +148,6 @@ def test_second_derivative_with_respect_to_an_intermediate_x(
     that term was lost (the second derivative with respect to the x was 0.5 off)."""
     caught, log = recorded
     w0 = tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [0, 3]) * 0.3)
-    differentiate_again = {"tf.gradients": tf.gradients,
-                           "memgrad": lambda y, xs: memgrad.gradients(y, xs, checkpoints=checkpoints)}
 
     def loss_and_xs(x):
         t = activation(x @ w0)
@@ -146,15 +156,12 @@ def test_second_derivative_with_respect_to_an_intermediate_x(
             h = h + tf.tanh(h @ _W)
         return tf.reduce_sum(h ** 2), [w0, _W, t]
 
-    def half_squared_norm(grads):
-        return 0.5 * tf.add_n([tf.reduce_sum(g ** 2) for g in grads])
-
     @tf.function(autograph=False)
     def step(x):
         loss, xs = loss_and_xs(x)
-        expected = tf.gradients(half_squared_norm(tf.gradients(loss, xs)), xs)
+        expected = tf.gradients(_half_squared_norm(tf.gradients(loss, xs)), xs)
         first = memgrad.gradients(loss, xs, checkpoints=checkpoints)
-        return differentiate_again[second](half_squared_norm(first), xs), expected
+        return _gradients_by(second, checkpoints)(_half_squared_norm(first), xs), expected
 
     got, expected = step(_X * 0.5)
     _assert_close(got, expected)
@@ -252,8 +259,6 @@ def test_second_call_with_respect_to_an_x_between_a_loop_and_its_gradient_loop(
     caught, log = recorded
     w = tf.Variable([[0.5, -0.2, 0.3, 0.1], [0.1, 0.4, -0.3, 0.2],
                      [-0.2, 0.1, 0.6, -0.1], [0.3, -0.1, 0.2, 0.5]])
-    first_call = {"tf.gradients": tf.gradients,
-                  "memgrad": lambda y, xs: memgrad.gradients(y, xs, checkpoints=checkpoints)}
 
     def loss_and_xs(x):
         h = tf.while_loop(lambda i, v: i < 6,
@@ -262,15 +267,12 @@ def test_second_call_with_respect_to_an_x_between_a_loop_and_its_gradient_loop(
         t = tf.tanh(tf.linalg.matvec(w, h))
         return tf.reduce_sum(t ** 3), [w, x, t]
 
-    def half_squared_norm(grads):
-        return 0.5 * tf.add_n([tf.reduce_sum(g ** 2) for g in grads])
-
     @tf.function(autograph=False)
     def step(x):
         loss, xs = loss_and_xs(x)
-        expected = tf.gradients(half_squared_norm(tf.gradients(loss, xs)), xs)
-        grads = first_call[first](loss, xs)
-        got = memgrad.gradients(half_squared_norm(grads), xs, checkpoints=checkpoints)
+        expected = tf.gradients(_half_squared_norm(tf.gradients(loss, xs)), xs)
+        grads = _gradients_by(first, checkpoints)(loss, xs)
+        got = memgrad.gradients(_half_squared_norm(grads), xs, checkpoints=checkpoints)
         return got, expected
 
     got, expected = step(_V)

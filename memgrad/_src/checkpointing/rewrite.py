@@ -318,9 +318,10 @@ class _Rewrite:
             outs = [t for t in atomic if view.unit_of(t.op) is unit]
             inside = self._xs_inside(unit)
             pairs = self._unit_gradient(unit, outs, incoming, inside)
-            for t, grad in pairs[:len(pairs) - len(inside)]:
+            split = len(pairs) - len(inside)  # the inside xs' pairs come last
+            for t, grad in pairs[:split]:
                 parts.route(t, grad)
-            for x, grad in pairs[len(pairs) - len(inside):]:
+            for x, grad in pairs[split:]:
                 # x's whole gradient: the part from outside the unit (x's grad_ys, when
                 # x is among outs) and the part through the unit's own ops downstream of x.
                 parts.kept[x.ref()] = [grad] if grad is not None else []
