@@ -6,8 +6,8 @@ random_graphs.py), so any failure is reproduced by `--seed S --only i`. Every st
 tf.GradientTape of the same forward in the same tf.function.
 
 Usage:
-    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--only 17] [--loops] [--dtypes]
-                           [--higher]
+    python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--start 0] [--only 17] [--loops]
+                           [--dtypes] [--higher]
 
 With --loops every graph holds at least one loop (tf.scan, tf.foldl, tf.map_fn, a
 tf.while_loop writing a TensorArray or running a data-dependent number of steps, a Keras
@@ -135,6 +135,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", type=int, default=100, help="how many graphs")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    parser.add_argument("--start", type=int, default=0,
+                        help="the first graph's index (split a sweep over machines or "
+                             "processes: --start 150 --graphs 150 is the second half of 300)")
     parser.add_argument("--only", type=int, default=None, help="check graph i alone")
     parser.add_argument("--every", type=int, default=100,
                         help="print the running summary every this many graphs")
@@ -147,7 +150,7 @@ def main(argv=None):
                         help="draw gradients inside branches and loop bodies, and gradients "
                              "of gradients")
     args = parser.parse_args(argv)
-    indices = [args.only] if args.only is not None else range(args.graphs)
+    indices = [args.only] if args.only is not None else range(args.start, args.start + args.graphs)
     results, start = [], time.perf_counter()
     drawn = dict(loops=args.loops, dtypes=args.dtypes, higher=args.higher)
     for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, **drawn), 1):
