@@ -165,6 +165,7 @@ _gradients_util = _private("tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_Consumers", "tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_Captures", "tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_GradientsHelper", "tensorflow.python.ops.gradients_util")
+_private_member(_gradients_util, "_IsPartitionedCall", "tensorflow.python.ops.gradients_util")
 
 
 def gradients_across_graphs(ys, xs, grad_ys, src_graph, stop_gradients=None):
@@ -218,6 +219,32 @@ def indexed_captures():
         yield
     finally:
         _gradients_util._Consumers = original
+
+
+@contextlib.contextmanager
+def stops_at_calls(stop_gradients):
+    """Within the block, ``tf.gradients(..., stop_gradients=stop_gradients)`` stops at an
+    output of a function call too.
+
+    TensorFlow's walk skips the gradient function of an op in its stop set, but for a
+    function call (PartitionedCall, StatefulPartitionedCall) it then builds a
+    SymbolicGradient node and adds its result to the call's inputs' gradients: the gradient
+    is not stopped. Where one stopped source is computed from another by a call, the other
+    source's gradient counts the path through the call (silently wrong for a caller that
+    routes each source's gradient on separately), and a call holding a loop fails at run
+    time (NotFoundError: SymbolicGradient). Here the walk sees those calls as ordinary ops,
+    which the stop set stops. Not thread-safe, like graph construction itself."""
+    stopped = {t.op for t in stop_gradients or ()}
+    original = _gradients_util._IsPartitionedCall
+
+    def is_partitioned_call(op):
+        return op not in stopped and original(op)
+
+    _gradients_util._IsPartitionedCall = is_partitioned_call
+    try:
+        yield
+    finally:
+        _gradients_util._IsPartitionedCall = original
 
 
 def graph_function_definition(graph, name):

@@ -51,11 +51,14 @@ def differentiable_again(op, grads, build):
             pairs = [(plain[i], dy) for i, dy in zip(results["positions"], upstream)
                      if dy is not None and plain[i] is not None]
             # The replay reads the loop's own inputs: its gradient is theirs. Each source
-            # gets only its own part (an incoming gradient may be computed from an input).
-            found = tf_internals.tf_gradients_v1(
-                [p for p, _ in pairs], sources, grad_ys=[dy for _, dy in pairs],
-                stop_gradients=sources,
-            ) if pairs else [None] * len(sources)
+            # gets only its own part (an incoming gradient may be computed from an input;
+            # an input may be computed from another by a function call, where TensorFlow
+            # does not stop a gradient by itself: tf_internals.stops_at_calls).
+            with tf_internals.stops_at_calls(sources):
+                found = tf_internals.tf_gradients_v1(
+                    [p for p, _ in pairs], sources, grad_ys=[dy for _, dy in pairs],
+                    stop_gradients=sources,
+                ) if pairs else [None] * len(sources)
             if variables is not None:
                 return found, [None] * len(variables)
             return found
@@ -88,6 +91,8 @@ def _across_graphs(flat, sources, upstream, graph):
     pairs = [(f, dy) for f, dy in zip(flat, upstream) if dy is not None]
     if not pairs:
         return [None] * len(sources)
-    return tf_internals.gradients_across_graphs(
-        [f for f, _ in pairs], sources, [dy for _, dy in pairs], graph, stop_gradients=sources)
+    with tf_internals.stops_at_calls(sources):
+        return tf_internals.gradients_across_graphs(
+            [f for f, _ in pairs], sources, [dy for _, dy in pairs], graph,
+            stop_gradients=sources)
 

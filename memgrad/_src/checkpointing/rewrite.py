@@ -380,10 +380,14 @@ class _Rewrite:
             return self._gradient_in_place(unit[0], incoming, self._atomic_source)
         loops = self.loops.install(unit)
         try:
-            grads = self.gradients_fn(
-                outs, ins + list(inside), grad_ys=[incoming[t.ref()] for t in outs],
-                stop_gradients=ins, **self.kwargs,
-            )
+            # An input computed from another by a function call: the stop must hold there
+            # too, or the other input's gradient counts the path through the call, which
+            # that call's own gradient carries again (tf_internals.stops_at_calls).
+            with tf_internals.stops_at_calls(ins):
+                grads = self.gradients_fn(
+                    outs, ins + list(inside), grad_ys=[incoming[t.ref()] for t in outs],
+                    stop_gradients=ins, **self.kwargs,
+                )
         finally:
             self.loops.uninstall(loops)
         self.segments += 1
