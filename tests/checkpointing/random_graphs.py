@@ -763,7 +763,8 @@ def _half_squared_norm(grads):
 
 
 def _float64_gradients(spec):
-    """tf.gradients of `spec`'s graph in float64 (same values): with and without stops."""
+    """tf.gradients of `spec`'s graph in float64 (same values): with and without stops, and
+    the inner gradient step's result where the graph takes one."""
     graph = RandomGraph(spec, "float64")
     graph.inner_plain = True
 
@@ -781,9 +782,12 @@ def _float64_gradients(spec):
                 grads = tf.gradients(_half_squared_norm(grads), xs, **kwargs)
             return grads
 
-        return {"reference": gradients(stop_gradients=stops,
-                                       unconnected_gradients=spec.unconnected),
-                "tape_reference": gradients(unconnected_gradients=spec.unconnected)}
+        out = {"reference": gradients(stop_gradients=stops,
+                                      unconnected_gradients=spec.unconnected),
+               "tape_reference": gradients(unconnected_gradients=spec.unconnected)}
+        if spec.layers[-1][0] in HIGHER_KINDS:
+            out["inner_plain"] = [records[-1]]  # the inner gradient step's result
+        return out
 
     return step(graph.x, graph.ids, graph.labels)
 
@@ -802,7 +806,7 @@ def _triage(spec, outcomes, results):
     for o in outcomes:
         if o.status != "wrong" or not o.detail.startswith("worst:"):
             continue
-        key = "tape_reference" if o.strategy == "tape" else "reference"
+        key = {"tape": "tape_reference", "inner": "inner_plain"}.get(o.strategy, "reference")
         tf_error, _ = compare(exact[key], results[key])
         memgrad_error, _ = compare(exact[key], results[o.strategy])
         o.detail += (f"; vs float64: tf.gradients {tf_error:.2e}, memgrad {memgrad_error:.2e}")
