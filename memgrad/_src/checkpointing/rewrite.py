@@ -8,17 +8,14 @@ loss back to the inputs:
    checkpoints (`stop_gradients`) and are collected for them.
 2. Each earlier group of checkpoints (a level of their topological order) has its segment
    copied: the ops from the previous checkpoints up to the group are created again, reading
-   the kept checkpoints through fresh identity "ports". The gradient of the group is taken
-   from the copy with respect to the ports, so nothing in the original forward pass beyond
-   the checkpoints is referenced, and the original activations can be freed after the
-   forward pass.
+   the kept checkpoints through fresh identity "ports". Its gradient is taken from the copy
+   with respect to the ports: nothing of the forward pass beyond the checkpoints is read.
 3. Every port and copied root op carries a control dependency on the group's incoming
    gradient and on the previous segment's gradients, so the executor cannot recompute a
    segment early, while the forward pass runs (it would then hold its memory for nothing).
-   XLA drops control dependencies, so when the graph is traced for XLA
-   (``jit_compile=True``) each port also carries a data dependency on the incoming gradient
-   (`memgrad._src.recompute.Gate`): the recomputation still waits, and, reading new values,
-   is not merged with the forward.
+   XLA drops control dependencies, so under ``jit_compile=True`` each port also carries a
+   data dependency on the incoming gradient (`memgrad._src.recompute.Gate`): the
+   recomputation still waits, and, reading new values, is not merged with the forward.
 
 Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
 custom-gradient ops, resource ops) are never copied: their inputs and outputs become
@@ -236,11 +233,9 @@ class _Rewrite:
         level of checkpoints from the loss back (`levels`), each segment is copied (`copy`)
         behind its gate (`gate_for`) and differentiated (`differentiate_level`); the parts
         are summed per x (`_Parts.results`)."""
-        # The levels first: an order that cannot be made (a cycle) must raise before any
-        # gradient is built. TensorFlow's gradient functions change the forward ops they
-        # differentiate (a loop or a function call made to output its intermediates), and
-        # those changes outlive a fallback: a Keras LSTM's Hessian-vector product kept its
-        # intermediates twice (2.7x plain backprop's peak) when the cycle was found later.
+        # A cycle must raise before any gradient is built: TensorFlow's gradient functions
+        # make the loops and calls they differentiate output their intermediates, which a
+        # fallback keeps alive (an LSTM's Hessian-vector product at 2.7x plain's peak).
         levels = self.levels()
         parts = _Parts(self)
         self.last_segment(grad_ys, parts)
@@ -380,9 +375,7 @@ class _Rewrite:
             return self._gradient_in_place(unit[0], incoming, self._atomic_source)
         loops = self.loops.install(unit)
         try:
-            # An input computed from another by a function call: the stop must hold there
-            # too, or the other input's gradient counts the path through the call, which
-            # that call's own gradient carries again (tf_internals.stops_at_calls).
+            # The stop must hold at an input a function call computes too.
             with tf_internals.stops_at_calls(ins):
                 grads = self.gradients_fn(
                     outs, ins + list(inside), grad_ys=[incoming[t.ref()] for t in outs],
