@@ -306,6 +306,21 @@ def test_a_tape_around_a_loop_gradient_gets_the_true_second_derivative(
     assert not _fallback_warnings(caught)
 
 
+def _third_derivative_by_tapes(x, t1, t2, t3):
+    """d/dx sum(d/dx sum(d/dx _loop(x, steps=3))), each order by one of three nested tapes
+    (t1 innermost)."""
+    with t3:
+        t3.watch(x)
+        with t2:
+            t2.watch(x)
+            with t1:
+                t1.watch(x)
+                y = _loop(x, steps=3)
+            g1 = tf.reduce_sum(t1.gradient(y, x))
+        g2 = tf.reduce_sum(t2.gradient(g1, x))
+    return t3.gradient(g2, x)
+
+
 def test_three_nested_memgrad_tapes_over_a_loop_give_the_third_derivative(recorded):
     """Nested tapes wrap the loop in a function call; probing that call's gradient in a
     scratch graph crashed TensorFlow (SystemError, or a segfault)."""
@@ -313,19 +328,12 @@ def test_three_nested_memgrad_tapes_over_a_loop_give_the_third_derivative(record
 
     @tf.function
     def step(x):
-        with memgrad.GradientTape(checkpoints="speed") as t3:
-            t3.watch(x)
-            with memgrad.GradientTape(checkpoints="speed") as t2:
-                t2.watch(x)
-                with memgrad.GradientTape(checkpoints="speed") as t1:
-                    t1.watch(x)
-                    y = _loop(x, steps=3)
-                g1 = tf.reduce_sum(t1.gradient(y, x))
-            g2 = tf.reduce_sum(t2.gradient(g1, x))
+        got = _third_derivative_by_tapes(
+            x, *[memgrad.GradientTape(checkpoints="speed") for _ in range(3)])
         expected = _loop(x, steps=3)
         for _ in range(2):
             expected = tf.reduce_sum(tf.gradients(expected, x)[0])
-        return t3.gradient(g2, x), tf.gradients(expected, x)[0]
+        return got, tf.gradients(expected, x)[0]
 
     got, expected = step(_V)
     assert _relative_error(got, expected) <= RTOL
@@ -531,16 +539,9 @@ def test_a_fallback_found_late_leaves_no_accumulators_behind(recorded):
 
         @tf.function
         def step(x):
-            with tape(second_and_third) as t3:
-                t3.watch(x)
-                with tape(second_and_third) as t2:
-                    t2.watch(x)
-                    with memgrad.GradientTape(checkpoints="memory") as t1:
-                        t1.watch(x)
-                        y = _loop(x, steps=3)
-                    g1 = tf.reduce_sum(t1.gradient(y, x))
-                g2 = tf.reduce_sum(t2.gradient(g1, x))
-            return t3.gradient(g2, x)
+            return _third_derivative_by_tapes(
+                x, memgrad.GradientTape(checkpoints="memory"), tape(second_and_third),
+                tape(second_and_third))
 
         return step.get_concrete_function(_V)
 
