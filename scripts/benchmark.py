@@ -156,7 +156,7 @@ def selective_suite(rounds, batch=32):
 
 
 def finetune_rows(rounds):
-    """Issue 22's fine-tuning workloads (keras.applications, keras-hub BERT with adapters):
+    """The fine-tuning workloads (keras.applications, keras-hub BERT with adapters):
     converted vs Keras, eager and tf.function steps (time and peak memory).
 
     The workloads live beside their tests (tests/selective/finetune_probe.py: keras-hub is a

@@ -127,8 +127,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """Starts the selected modules' fresh-process probes while other tests run."""
-    if session.config.option.collectonly:
+    """Starts the selected modules' fresh-process probes while other tests run. Not in a
+    pytest-xdist worker: each collects every test but runs only those it is handed, so its
+    module's fixture starts the probes it needs when the first of them runs."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     for item in session.items:
         if _fresh_processes(item) is not None:

@@ -46,5 +46,6 @@ def test_readme_install_line_brings_what_its_test_line_runs():
     for extra in named.group(1).split(","):
         assert extra in extras, f"README's install line names an unknown extra {extra!r}"
         brought |= extras[extra]
-    missing = {"pytest", "hypothesis"} - brought
+    needed = {"pytest", "hypothesis"} | ({"pytest-xdist"} if re.search(r"\s-n\s", test + " ") else set())
+    missing = needed - brought
     assert not missing, f"README's install line ({install!r}) does not bring {sorted(missing)}"

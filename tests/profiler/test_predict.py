@@ -134,7 +134,7 @@ def test_convolution_scratch_is_measured_and_predicted(fresh_results):
 @pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.fresh(key))
                                  for key in ("GPT2/off", "GPT2/on", "GPT2/memory")])
 def test_predicted_peak_within_20_percent_of_measured(fresh_results, key):
-    """Issue 21 asks 15%. Plain backprop reads 0.98-1.0 of measured; under 'memory'
+    """The goal is 15%. Plain backprop reads 0.98-1.0 of measured; under 'memory'
     checkpointing this small GPT-2 read 0.85 in one full run (18.6 vs 21.9 MiB), inside 15%
     in others: the 15% target is not met reliably under checkpointing, so 20% is asserted."""
     r = fresh_results[key]
@@ -145,7 +145,7 @@ def test_predicted_peak_within_20_percent_of_measured(fresh_results, key):
 @pytest.mark.memory
 @pytest.mark.fresh("max batch")
 def test_predicted_max_batch_within_20_percent_of_what_fits_on_the_emulated_device(fresh_results):
-    """Issue 21 asks 10%. Under a 160 MiB device this small GPT-2 fits batch 28; the
+    """The goal is 10%. Under a 160 MiB device this small GPT-2 fits batch 28; the
     prediction read 32 (+14%) in one full run: the replay under-predicts the peak by a few
     percent and the batch inherits it. Under 1 GiB the 4-layer backbones read 53 vs 51-53."""
     r = fresh_results["max batch"]

@@ -1,4 +1,4 @@
-"""Issue 23: reversible gradients that match plain autodiff at depth, in float32 and float16,
+"""Reversible gradients that match plain autodiff at depth, in float32 and float16,
 and a drift monitor that reports per-block reconstruction error and warns.
 
 Every gradient here is compared with plain autodiff (tf.GradientTape) of the same blocks'

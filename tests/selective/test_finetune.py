@@ -1,4 +1,4 @@
-"""Issue 22: peaks of fine-tuning steps on keras.applications and keras-hub models, converted vs Keras.
+"""Peaks of fine-tuning steps on keras.applications and keras-hub models, converted vs Keras.
 
 Measured in fresh processes (BFC allocator, one inter-op thread): finetune_probe.py.
 """

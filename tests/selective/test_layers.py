@@ -32,7 +32,7 @@ LAYERS = {
     "batchnorm": (lambda cls, dt: cls(dtype=dt), keras.layers.BatchNormalization, selective.BatchNormalization,
                   (6, 4, 4, 3)),
     "relu": (lambda cls, dt: cls(dtype=dt), keras.layers.ReLU, selective.ReLU, (4, 10)),
-    # Issue 22: the layers fine-tuned models are made of.
+    # The layers fine-tuned models are made of.
     "relu_max_value": (lambda cls, dt: cls(max_value=0.5, dtype=dt), keras.layers.ReLU, selective.ReLU, (4, 10)),
     "activation_relu": (lambda cls, dt: cls("relu", dtype=dt), keras.layers.Activation, selective.Activation,
                         (4, 10)),
