@@ -35,7 +35,7 @@ def exact_plan(model, positions, budget):
         for a, front in labels.items():
             for kept, flops, cuts in front:
                 if b is None:
-                    peak_final = kept + model.segment_bytes(a, n - 1, final=True)
+                    peak_final = kept + model.segment_bytes(a, n - 1)
                     if peak_final <= budget and (best is None or flops < best[0]):
                         best = (flops, cuts)
                     continue

@@ -200,7 +200,7 @@ class _Planner:
         return self._family
 
     def _final(self, a):
-        return self.model.segment_bytes(a, self.n - 1, final=True)
+        return self.model.segment_bytes(a, self.n - 1)
 
     def solve(self, budget):
         """The cheapest cut positions whose predicted peak fits `budget`, or None."""
@@ -228,8 +228,7 @@ class _Planner:
             if not len(window):
                 continue
             a = starts[window]
-            seg = (m.backward_tops(b)[a + 1] + saved_prefix[b + 1] - saved_prefix[a + 1]
-                   + m.param_suffix[b + 1])
+            seg = m.backward_tops(b)[a + 1] - saved_prefix[a + 1]
             seg_flops = m.flops_prefix[b + 1] - m.flops_prefix[a + 1]
             seg_flops[b - a <= 1] = 0.0
             across = (self._births <= b) & (self._deaths > b)

@@ -10,9 +10,11 @@ follows TensorFlow's own gradients rather than a table of ours.
 order of `memgrad._src.graph.cut_profile`), from which the predicted activation peak and the
 recomputed FLOPs of any set of cut positions follow in O(1) per segment:
 
-- segment (a, b] recomputed in backward: kept tensors of the cuts before it, plus the
-  tensors of the segment that gradients read, plus the gradient working set of its widest
-  op, plus the parameter gradients already made by the segments after it;
+- segment (a, b] in backward, at each of its positions q from b down: the kept tensors of
+  the cuts before it, the tensors born in (a, q] that gradients read (those born later are
+  freed by then), the gradient partials waiting and op q's gradient working set, and the
+  parameter gradients made so far, by ops at q and after (held to the end of the backward,
+  as in a step that applies them all after it);
 - the last segment runs on the original ops, with every kept tensor alive.
 
 The peak of a plan is the largest of these. `predict` evaluates one plan;
@@ -241,14 +243,14 @@ class MemoryModel:
         return float(pr.sizes[mask].sum())
 
     def backward_tops(self, b):
-        """tops[q] = the most gradient bytes at any position q <= r <= b of the backward,
-        for a segment ending at b.
+        """tops[q] = the most bytes at any position q <= r <= b of the backward of a segment
+        ending at b, with the saved tensors of every position up to r counted.
 
         At position r the backward holds the gradient partials still waiting for their
         producer (pending edges, with those from beyond b replaced by the one incoming
-        gradient of each tensor crossing b) and op r's own gradient working set. The
-        segment's saved tensors are counted in full on top (see `segment_bytes`): they are
-        freed as the backward passes them, but not always before the widest step.
+        gradient of each tensor crossing b), op r's own gradient working set, the saved
+        tensors born at r or before (`segment_bytes` subtracts those born before the
+        segment) and the parameter gradients of ops at r and after (held to the end).
         """
         tops = self._tops.get(b)
         if tops is not None:
@@ -263,24 +265,24 @@ class MemoryModel:
         correction -= np.bincount(self._e_birth[beyond] + 1, weights=self._e_size[beyond],
                                   minlength=n + 1)
         pending = self._pending_all[: b + 1] + np.cumsum(correction)[: b + 1]
-        tops = np.maximum.accumulate((pending + self.work[: b + 1])[::-1])[::-1]
+        level = (pending + self.work[: b + 1] + self.saved_prefix[1: b + 2]
+                 + self.param_suffix[: b + 1])
+        tops = np.maximum.accumulate(level[::-1])[::-1]
         if len(self._tops) > 4096:
             self._tops.clear()
         self._tops[b] = tops
         return tops
 
-    def segment_bytes(self, a, b, final=False):
+    def segment_bytes(self, a, b):
         """Predicted peak of segment (a, b]'s backward, above the tensors kept before it.
 
-        Its saved tensors, gradient partials and widest gradient step at the worst
-        position; for a recomputed segment, also the parameter gradients of all later ops.
+        At the worst position q of the segment: its saved tensors born up to q, the gradient
+        partials waiting, op q's gradient step and the parameter gradients made by then (by
+        ops at q and after, later segments' included), held to the end of the backward.
         """
         if b <= a:
             return 0.0
-        saved = self.saved_prefix[b + 1] - self.saved_prefix[a + 1]
-        local = float(self.backward_tops(b)[a + 1] + saved)
-        later = 0.0 if final else self.param_suffix[b + 1]
-        return local + later
+        return float(self.backward_tops(b)[a + 1] - self.saved_prefix[a + 1])
 
     def segment_flops(self, a, b):
         """FLOPs recomputed for segment (a, b]; a single op is differentiated in place."""
@@ -305,7 +307,7 @@ class MemoryModel:
             flops += self.segment_flops(a, b)
             kept += self.new_bytes(a, b)
             a = b
-        peak = max(peak, kept + self.segment_bytes(a, self.n - 1, final=True))
+        peak = max(peak, kept + self.segment_bytes(a, self.n - 1))
         return peak, flops
 
     def tensors_for(self, cuts):
