@@ -55,6 +55,14 @@ def pytest_itemcollected(item):
         item.add_marker("own_kernels")
 
 
+def pytest_runtest_setup(item):
+    """Fails a `memory` test in a pytest-xdist worker: another worker's threads would move the
+    peaks it asserts on."""
+    if hasattr(item.config, "workerinput") and item.get_closest_marker("memory"):
+        pytest.fail("marked `memory`: it measures peaks and runs in one process; run the memory "
+                    "tests without -n", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def mirrored_strategy():
     """One MirroredStrategy over the two logical CPUs for the whole session.
