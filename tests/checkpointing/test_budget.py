@@ -433,10 +433,9 @@ def test_the_models_peaks_follow_grapplers_simulation_where_weights_gradients_do
     def trace(x):
         loss = tf.reduce_mean(tf.square(model(x, training=True)))
         view = ForwardGraph([loss], model.trainable_variables)
-        m = MemoryModel(view)
-        positions = m.positions_of(memory_plan(view).tensors)
-        out["modelled"] = m.predict([])[0], m.predict(positions)[0]
-        memory = memgrad.gradients(loss, model.trainable_variables, checkpoints=memory_plan(view).tensors)
+        m, kept = MemoryModel(view), memory_plan(view).tensors
+        out["modelled"] = m.predict([])[0], m.predict(m.positions_of(kept))[0]
+        memory = memgrad.gradients(loss, model.trainable_variables, checkpoints=kept)
         out["simulated"] = tuple(peak_of(view, grads, None, True).bytes
                                  for grads in (plain_gradients(view), memory))  # held
         return loss
