@@ -56,11 +56,16 @@ def _signature(op):
 _probe_cache = {}
 
 
-def gradient_reads(op):
+def gradient_reads(op, needed=None):
     """Which inputs and outputs of `op` its registered gradient function reads.
 
     Args:
       op: a graph operation.
+      needed: indices of the inputs whose gradients are used (those on a path from the
+        variables differentiated: `differentiated_inputs`), or None for every input. What
+        only an unused input's gradient reads is not read: TensorFlow prunes that
+        computation from the function before it runs (``x * 0.5``'s gradient for the
+        constant reads ``x``; the gradient for ``x`` does not).
 
     Returns:
       A pair of frozensets: indices of inputs read, indices of outputs read. Reading only
@@ -71,21 +76,30 @@ def gradient_reads(op):
       ```python
       gradient_reads(relu_op)     # (frozenset(), frozenset({0})): ReLU reads its output
       gradient_reads(matmul_op)   # (frozenset({0, 1}), frozenset()): both inputs
+      gradient_reads(mul_op, needed={0})  # x * c: only c is read
       ```
     """
-    key = _signature(op)
+    needed = None if needed is None else frozenset(needed)
+    key = (_signature(op), needed)
     if key in _probe_cache:
         return _probe_cache[key]
-    result = _probe(op)
+    result = _probe(op, needed)
     _probe_cache[key] = result
     return result
+
+
+def differentiated_inputs(view, op):
+    """Indices of `op`'s floating inputs that are an x of `view` or made by its forward ops
+    (activations and parameters): the inputs whose gradients backprop uses."""
+    return frozenset(i for i, t in enumerate(op.inputs) if t.dtype.is_floating and (
+        view.is_forward(t.op) or view.x_index(t) is not None))
 
 
 _FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 @tf.autograph.experimental.do_not_convert
-def _probe(op):
+def _probe(op, needed=None):
     if gradient_function(op) is None or not any(
         t.dtype.is_floating for t in op.outputs
     ):
@@ -117,9 +131,12 @@ def _probe(op):
                 for t in copy.outputs
             ]
             first = len(scratch.get_operations())
-            gradient_function(op)(copy, *grads)
+            in_grads = gradient_function(op)(copy, *grads)
+            made = scratch.get_operations()[first:]
+            if needed is not None:
+                made = _feeding(made, in_grads, needed)
             read = set()
-            for g_op in scratch.get_operations()[first:]:
+            for g_op in made:
                 if g_op.type not in _SHAPE_ONLY:
                     read.update(t.ref() for t in g_op.inputs)
     except Exception:  # noqa: BLE001 - an unknown gradient: assume it reads everything
@@ -130,6 +147,28 @@ def _probe(op):
         frozenset(i for i, t in enumerate(inputs) if t.ref() in read),
         frozenset(i for i, t in enumerate(copy.outputs) if t.ref() in read),
     )
+
+
+def _feeding(made, in_grads, needed):
+    """The ops among `made` (a gradient function's) that compute the gradients of the
+    inputs in `needed`."""
+    if not isinstance(in_grads, (list, tuple)):
+        in_grads = [in_grads]
+    made_set = set(made)
+    stack = []
+    for i, g in enumerate(in_grads):
+        if i in needed and g is not None:
+            parts = (g.values, g.indices) if isinstance(g, tf.IndexedSlices) else (g,)
+            stack.extend(t.op for t in parts if hasattr(t, "op"))
+    found = set()
+    while stack:
+        g_op = stack.pop()
+        if g_op in found or g_op not in made_set:
+            continue
+        found.add(g_op)
+        stack.extend(t.op for t in g_op.inputs)
+        stack.extend(g_op.control_inputs)
+    return [g_op for g_op in made if g_op in found]
 
 
 class MemoryModel:
@@ -183,7 +222,7 @@ class MemoryModel:
             return total
 
         for p, op in enumerate(ops):
-            in_reads, out_reads = gradient_reads(op)
+            in_reads, out_reads = gradient_reads(op, differentiated_inputs(view, op))
             in_bytes = activations(op.inputs, in_reads)
             out_bytes = activations(op.outputs, out_reads)
             elementwise = op.type in ELEMENTWISE_TYPES
