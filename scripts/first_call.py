@@ -3,13 +3,20 @@
 A training step's first call traces the model, builds the gradient and runs once; with memgrad
 it also analyses the graph, plans what to keep and builds the recomputation. Each first call
 runs in a fresh process (nothing traced, cached or warmed up before it), the variants take turns
-round after round, and the table shows the median of the rounds.
+round after round, and the table shows the median of the rounds. Each process then measures the
+second call's peak (above what exists before it): for a Budget, the table gives the range of
+those peaks over the rounds against the budget, and how many rounds held it (peak <= 1.05 x
+the budget).
 
     python scripts/first_call.py                       # every model below, 3 rounds
     python scripts/first_call.py --model chain1024 --rounds 5
-    python scripts/first_call.py --model gpt2 --variant "Budget(0.5)" --rounds 1
+    python scripts/first_call.py --model gpt2 --variant "Budget(0.5)" --rounds 20
+    python scripts/first_call.py --model vgg16 --variant "Budget(0.5, hold_gradients=False)"
 
-The target is TARGET x plain's first call for every variant (a Budget's planning included).
+The step applies each gradient as it is made (one `assign_sub` per variable), so a Budget
+that counts every gradient held to the end (the default) over-counts it; `hold_gradients=False`
+plans for this step. The target is TARGET x plain's first call for every variant (a Budget's
+planning included).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ MODELS = {
     "vgg16": "keras.applications.VGG16 (random init), batch 16x64x64x3",
 }
 TARGET = 1.5
+MiB = 2**20
 VARIANTS = ("plain", "memory", "speed", "Budget(0.5)")  # any Budget(<fraction>) is accepted
 
 
@@ -58,15 +66,14 @@ def _model_and_batch(name):
     return model, tf.random.stateless_normal([batch, size, size, 3], seed=[0, 1])
 
 
+_BUDGET = re.compile(r"Budget\((0?\.\d+|1(?:\.0*)?)(, hold_gradients=False)?\)")
+
+
 def _variant(text):
-    if text in VARIANTS[:3]:
+    if text in VARIANTS[:3] or _BUDGET.fullmatch(text):
         return text
-    try:
-        if text.startswith("Budget(") and text.endswith(")") and 0 < float(text[7:-1]) <= 1:
-            return text
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"expected plain, memory, speed or Budget(<fraction>); received {text!r}")
+    raise argparse.ArgumentTypeError(f"expected plain, memory, speed, Budget(<fraction>) or "
+                                     f"Budget(<fraction>, hold_gradients=False); received {text!r}")
 
 
 def _tape(variant):
@@ -76,8 +83,10 @@ def _tape(variant):
 
     if variant == "plain":
         return tf.GradientTape()
-    if variant.startswith("Budget("):
-        return memgrad.GradientTape(checkpoints=memgrad.strategies.Budget(float(variant[7:-1])))
+    match = _BUDGET.fullmatch(variant)
+    if match:
+        return memgrad.GradientTape(checkpoints=memgrad.strategies.Budget(
+            float(match.group(1)), hold_gradients=not match.group(2)))
     return memgrad.GradientTape(checkpoints=variant)
 
 
@@ -98,12 +107,14 @@ def measure_one(name, variant) -> dict:
             variable.assign_sub(1e-4 * tf.convert_to_tensor(grad))  # GPT-2's embedding: IndexedSlices
         return loss
 
-    start = time.perf_counter()
-    step(x).numpy()
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    step(x).numpy()
-    return {"first_s": first, "second_s": time.perf_counter() - start}
+    with memgrad.record_rewrites() as log:
+        start = time.perf_counter()
+        step(x).numpy()
+        first = time.perf_counter() - start
+    (second,) = memgrad.profiler.measure_runs(step, (x,), warmup=0, repeats=1)
+    budgets = [r.plan.details["budget_bytes"] for r in log if r.plan is not None and r.mode == "budget"]
+    return {"first_s": first, "second_s": second.wall_time_s, "peak": second.peak_above_baseline_bytes,
+            "budget": budgets[0] if budgets else None}
 
 
 def _in_fresh_process(name, variant) -> dict:
@@ -125,14 +136,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), action="append", help="default: all")
     parser.add_argument("--variant", type=_variant, action="append",
-                        help=f"one of {', '.join(VARIANTS[:3])} or Budget(<fraction>) (default: {', '.join(VARIANTS)})")
+                        help=f"one of {', '.join(VARIANTS[:3])}, Budget(<fraction>) or "
+                             f"Budget(<fraction>, hold_gradients=False) (default: {', '.join(VARIANTS)})")
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per variant (default: 3)")
     args = parser.parse_args(argv)
     variants = args.variant or list(VARIANTS)
     if "plain" not in variants:
         variants = ["plain"] + variants
-    print("| model | variant | first call vs plain's | first call s | second call s |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| model | variant | first call vs plain's | first call s | second call s | peak MiB: min / median / max"
+          " | budget MiB | rounds within 1.05x budget |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.model or sorted(MODELS):
         results = {variant: [] for variant in variants}
         for _ in range(args.rounds):
@@ -140,20 +153,25 @@ def main(argv=None) -> int:
                 results[variant].append(_in_fresh_process(name, variant))
         plain_runs = [r["first_s"] for r in results["plain"] if "first_s" in r]
         if not plain_runs:
-            print(f"| {MODELS[name]} | plain | failed: {results['plain'][0]['failure']} | | |")
+            print(f"| {MODELS[name]} | plain | failed: {results['plain'][0]['failure']} | | | | | |")
             continue
         plain = statistics.median(plain_runs)
         for variant in variants:
             done = [r for r in results[variant] if "first_s" in r]
             if not done:
-                print(f"| {MODELS[name]} | {variant} | failed: {results[variant][0]['failure']} | | |")
+                print(f"| {MODELS[name]} | {variant} | failed: {results[variant][0]['failure']} | | | | | |")
                 continue
             first = statistics.median(r["first_s"] for r in done)
             second = statistics.median(r["second_s"] for r in done)
             ratio = first / plain
             verdict = "" if variant == "plain" else (" (met)" if ratio <= TARGET else " (missed)")
-            print(f"| {MODELS[name]} | {variant} | {ratio:.2f}x{verdict} | {first:.1f} | {second:.2f} |",
-                  flush=True)
+            peaks = sorted(r["peak"] / MiB for r in done)
+            spread = f"{peaks[0]:.1f} / {statistics.median(peaks):.1f} / {peaks[-1]:.1f}"
+            budget = done[0]["budget"]
+            held = ("" if budget is None else
+                    f"{sum(r['peak'] <= 1.05 * r['budget'] for r in done)} of {len(done)}")
+            print(f"| {MODELS[name]} | {variant} | {ratio:.2f}x{verdict} | {first:.1f} | {second:.2f} | {spread} | "
+                  f"{'' if budget is None else f'{budget / MiB:.1f}'} | {held} |", flush=True)
     return 0
 
 

@@ -195,7 +195,7 @@ def test_budget_error_from_a_graph_no_plan_helps():
         fn.get_concrete_function(x)
     message = str(info.value)
     assert "fraction of at least" not in message
-    assert re.search(r"Expected a budget of at least \d+ bytes .*plain backprop's simulated peak of \d+ bytes.*"
+    assert re.search(r"Expected a budget of at least \d+ bytes .*plain backprop's modelled peak of \d+ bytes.*"
                      r"give the budget in bytes.*Received: Budget\(0.5\), \d+ bytes", message)
     needed = int(re.search(r"Budget\((\d+)\)", message).group(1))
 

@@ -149,9 +149,8 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
 
 
 def test_budget_below_any_plan_names_the_smallest_that_fits():
-    """The smallest budget named is the least simulated peak of the candidate plans (all
-    tried when none fits); that budget is accepted (planning is deterministic), and 3% less
-    is refused. The gradients are consumed as made: held, the weights' 12 MiB of gradients
+    """The smallest budget named is the least modelled peak of any plan; that budget is
+    accepted (planning is deterministic), and 3% less is refused. The gradients are consumed as made: held, the weights' 12 MiB of gradients
     leave little room between plans on 256 rows."""
     step, *_ = _tanh_chain_tracer()
 
@@ -162,7 +161,7 @@ def test_budget_below_any_plan_names_the_smallest_that_fits():
     with memgrad.record_rewrites() as log:
         step(memgrad.strategies.Budget(int(smallest * 1.001), margin=0.0, hold_gradients=False))  # fits
     details = log[-1].plan.details
-    assert details["scale_source"] == "simulated"
+    assert details["scale_source"] == "model"
     assert details["predicted_bytes"] <= smallest * 1.001
     with pytest.raises(memgrad.BudgetError):
         step(memgrad.strategies.Budget(int(smallest * 0.97), margin=0.0, hold_gradients=False))
@@ -271,7 +270,7 @@ def test_hold_gradients_false_accepts_a_budget_the_default_refuses_on_a_step_tha
         step, x = _assigning_step(memgrad.strategies.Budget(budget, hold_gradients=False))
         step.get_concrete_function(x)
     details = log[-1].plan.details
-    assert details["scale_source"] == "simulated"
+    assert details["scale_source"] == "model"
     assert details["recomputed_flops"] > 0  # a real plan, not plain backprop
     with pytest.raises(memgrad.BudgetError, match="Expected a budget of at least"):
         step, x = _assigning_step(memgrad.strategies.Budget(budget))
@@ -308,8 +307,8 @@ def test_bad_budgets_are_rejected(bad, error):
 
 
 def test_budget_counts_an_xla_calls_temporary_buffer():
-    """A 16 MiB temporary inside an XLA-compiled call is counted in the Budget's plain peak
-    when kernels' scratch is counted (the default), not without."""
+    """A 16 MiB temporary inside an XLA-compiled call is counted in a simulating Budget's
+    plain peak when kernels' scratch is counted (the default), not without."""
     weights = [tf.Variable(tf.random.normal([256, 2048], seed=1))]
 
     @tf.function(jit_compile=True)
@@ -325,8 +324,8 @@ def test_budget_counts_an_xla_calls_temporary_buffer():
             step.get_concrete_function(tf.TensorSpec([2048, 256]))
         return log[-1].plan.details["plain_bytes"]
 
-    with_scratch = plain_for(memgrad.strategies.Budget(1.0))
-    without = plain_for(memgrad.strategies.Budget(1.0, scratch=False))
+    with_scratch = plain_for(memgrad.strategies.Budget(1.0, simulate=True))
+    without = plain_for(memgrad.strategies.Budget(1.0, simulate=True, scratch=False))
     assert with_scratch >= without + 15 * 2**20, (with_scratch / 2**20, without / 2**20)
 
 
@@ -704,9 +703,9 @@ def test_plain_backprops_simulated_peak_is_the_scale(monkeypatch):
     step, *_ = _tanh_chain_tracer()
     for limit in (1.0, 108):
         with memgrad.record_rewrites() as log:
-            step(memgrad.strategies.Budget(limit))
+            step(memgrad.strategies.Budget(limit, simulate=True))
         details = log[-1].plan.details
         assert details["plain_bytes"] == 108.0 and details["scale_source"] == "simulated"
         assert details["budget_bytes"] == 108.0 and details["same_as_plain"] is True
     with pytest.raises(memgrad.BudgetError, match=r"at least 135 B: .* plain backprop's simulated peak is 108 B"):
-        step(memgrad.strategies.Budget(100))  # 108 with the 20% margin
+        step(memgrad.strategies.Budget(100, simulate=True))  # 108 with the 20% margin

@@ -49,53 +49,59 @@ class Budget(Strategy):
     `memgrad.profiler.measure(step).peak_above_baseline_bytes` reads for a step that computes
     gradients.
 
-    Deterministic: the Budget plans on figures of the graph alone, never on a run. While the
-    step is traced, plain backprop of the same forward pass (a `tf.gradients` traced on the
-    side, never run) and each candidate plan's rewrite are simulated by Grappler, as
-    `memgrad.profiler.predict_peak` does: every op's outputs allocated from their static
-    shapes in the schedule Grappler's virtual cluster runs, with the optimizations
-    TensorFlow applies before a function runs. The same graph and budget give the same
-    decision and the same plan in every call and every process. A fraction is of plain
-    backprop's simulated peak; a byte budget is compared with simulated peaks. A step's
-    measured peak moves by 5-10% from call to call with the executor's order of ops, and
-    sits off the simulation (up to 1.27x it, measured); the margin (20%) is held back for
-    that. Where
-    Grappler cannot simulate the graph, the planner's memory model gives the figures
-    (``plan.details['scale_source']``: 'simulated' or 'model').
+    Deterministic and cheap: the Budget plans on the memory model of the traced graph
+    (`memgrad.graph.MemoryModel`), never on a run: which tensors each op's gradient reads
+    (asked of TensorFlow's own gradient functions), their static sizes, the gradients in
+    flight and the weights' gradients, position by position through the backward pass, and
+    the scratch buffers of the convolutions' kernels (each distinct one run once alone on
+    zeros, cached for the process). One dynamic program finds the plan recomputing the
+    fewest FLOPs whose modelled peak fits the budget less the margin; the step is rewritten
+    once. The same graph and budget give the same decision and the same plan in every call
+    and every process. A fraction is of plain backprop's modelled peak. A step's measured
+    peak moves by 5-10% from call to call with the executor's order of ops and sits up to
+    about 1.2x its plan's modelled peak (recomputations run beside other backward ops); the
+    margin (20%) is held back for that. ``simulate=True`` checks each candidate plan's
+    rewrite on Grappler's simulation instead (closer on graphs the model reads poorly,
+    several times the cost; ``plan.details['scale_source']``: 'simulated' or 'model').
 
     Every gradient is counted alive to the end of the backward pass (`hold_gradients`), as
-    in a step that applies them all after it (Keras's optimizers and ``fit``,
-    ``optimizer.apply(tape.gradient(...))``); a step that frees each as it is made (one
-    ``variable.assign_sub(lr * grad)`` per gradient) peaks lower, by up to the size of all
-    gradients: there ``hold_gradients=False`` accepts budgets the default refuses.
+    in a step that returns them, clips them by their global norm, or applies them after the
+    function. A step that applies each inside the same `tf.function` (Keras's
+    ``optimizer.apply`` and ``fit`` without global clipping, one ``assign_sub`` per
+    variable) frees each soon after it is made and peaks lower, by up to the size of all
+    gradients (DenseNet121's 'memory' plan: 24-28 MiB applied, 46-48 MiB returned):
+    there ``hold_gradients=False`` accepts budgets the default refuses.
 
     Args:
       limit: bytes (an int, or a string such as `"96MiB"` or `"1.5GB"`), or a float in
-        (0, 1]: a fraction of plain backprop's (simulated) peak. A budget at or above it
-        keeps nothing and recomputes nothing (``plan.details['same_as_plain']``).
-      margin: the share of the budget held back for what the simulated figure does not see
+        (0, 1]: a fraction of plain backprop's modelled (or simulated) peak. A budget at or
+        above it keeps nothing and recomputes nothing (``plan.details['same_as_plain']``).
+      margin: the share of the budget held back for what the predicted figure does not see
         (the executor's order of ops from call to call, what the step does besides the
-        gradients): plans are accepted at a simulated peak of at most
+        gradients): plans are accepted at a predicted peak of at most
         `(1 - margin) * limit`, and none above. None (default): 20%, measured: steps ran up
-        to 1.27x their plan's simulated peak (see `SIMULATED_MARGIN`).
+        to 1.27x their plan's predicted peak (see `SIMULATED_MARGIN`).
       measure: deprecated and ignored (a Budget no longer runs the step on zeros to measure
         plans: the measured figures moved with the executor's order, and with them the
         plan). True warns once.
-      simulate: simulate peaks with Grappler (default). ``False`` plans on the memory
-        model alone (cheaper; its figures can be far off on convolutional networks). In a
+      simulate: False (default): plan on the memory model alone (one rewrite, no
+        simulation). True: trace plain backprop on the side and simulate it and each
+        candidate plan's rewrite with Grappler, as `memgrad.profiler.predict_peak` does
+        (several rewrites and simulations at trace time: 3-5x plain's first call). In a
         graph traced for XLA (``jit_compile=True``) the model alone plans either way:
         Grappler does not see XLA's buffers, and what a simulation traces would be
         compiled with the step.
-      scratch: count kernels' scratch buffers in the simulations, as
-        `memgrad.profiler.predict_peak` does (each distinct convolution and XLA-compiled
-        call runs once alone on zeros, at trace time; results are cached for the process).
+      scratch: count kernels' scratch buffers: convolutions' in the model, convolutions'
+        and XLA-compiled calls' in the simulations (each distinct one runs once alone on
+        zeros, at trace time; results are cached for the process).
       hold_gradients: True (default, also for None): every gradient counted alive to the
         end of the backward pass, as a step that applies them together holds them. False:
         each gradient consumed as soon as it is made; on a step that holds them, the peak
         can then exceed the budget by up to the gradients' size.
 
-    Which plan: it chooses among the memory model's cheapest plan for the target (scaled
-    to the simulated plain peak) and plans that are the same for every budget on a graph
+    Simulating (``simulate=True``), it chooses among the memory model's cheapest plan for
+    the target (scaled to the simulated plain peak) and plans that are the same for every
+    budget on a graph
     (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
     plain peak, its leanest plan, the 'memory' strategy's, and prefixes of it: its first k
     cuts, recomputing the forward pass only up to the last). It builds their rewrites
@@ -109,8 +115,8 @@ class Budget(Strategy):
     least peak among those simulated, plus the margin.
 
     The plan it returns carries its figures in ``plan.details``: `budget_bytes`,
-    `target_bytes` (the budget less the margin), `predicted_bytes` (the rewrite's simulated
-    peak, or the scaled model's when none could be had), `simulated_bytes`, `plain_bytes`
+    `target_bytes` (the budget less the margin), `predicted_bytes` (the plan's modelled
+    peak, or its rewrite's simulated peak when simulating), `simulated_bytes`, `plain_bytes`
     (simulated or modelled: `scale_source`), `modelled_plain_bytes`, `scale` (plain peak
     over modelled plain peak), `candidate` (its index among `candidates`, None for plain
     backprop or a model-only plan), `tried_bytes` (the peaks of those tried before it,
@@ -125,9 +131,9 @@ class Budget(Strategy):
       ValueError: for a limit that is not a positive byte size nor a fraction in (0, 1],
         or a margin outside [0, 1).
       BudgetError: (when planning) if no plan fits; it states the smallest budget that does,
-        in bytes, or as a fraction when the limit was one (the least simulated peak of the
-        candidates, with the margin). Planning is deterministic, so that budget is
-        accepted when used.
+        in bytes, or as a fraction when the limit was one (the least modelled peak of any
+        plan, or simulated peak of the candidates, with the margin). Planning is
+        deterministic, so that budget is accepted when used.
 
     Example:
       ```python
@@ -139,7 +145,7 @@ class Budget(Strategy):
 
     name = "budget"
 
-    def __init__(self, limit, margin=None, measure=False, simulate=True, scratch=True,
+    def __init__(self, limit, margin=None, measure=False, simulate=False, scratch=True,
                  hold_gradients=None):
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
             raise TypeError(f"Budget margin must be a number in [0, 1) or None. Received: "
@@ -207,7 +213,8 @@ class Budget(Strategy):
         rewrite's simulated peak is over the target.
         """
         start = time.perf_counter()
-        planner = _Planner(view)
+        planner = _Planner(view, hold_gradients=self.hold_gradients,
+                           kernels=measuring_device() if self.scratch else None)
         modelled = planner.plain_bytes
         # Under XLA the model alone plans: Grappler simulates TensorFlow's executor, not
         # XLA's buffers, and the side gradient and candidate rewrites a simulation builds
@@ -241,6 +248,8 @@ class Budget(Strategy):
             else:
                 first = walk.order[0]
             return self._candidate_plan(view, walk, first)
+        if budget >= plain_bytes:  # plain backprop fits: keep nothing
+            return self._plan_for(view, walk, [], modelled, 0.0, index=None)
         try:
             cuts, peak, cost = planner.plan(target / scale)
         except BudgetError as error:

@@ -161,9 +161,9 @@ def _thinned(live, positions, limit=DENSE_LIMIT):
 class _Planner:
     """The dynamic program over cut positions for one graph."""
 
-    def __init__(self, view, model=None):
+    def __init__(self, view, model=None, hold_gradients=True, kernels=None):
         self.view = view
-        self.model = model or MemoryModel(view)
+        self.model = model or MemoryModel(view, hold_gradients, kernels)
         m = self.model
         pr = m.profile
         self.n = m.n
