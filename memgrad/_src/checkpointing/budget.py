@@ -213,15 +213,15 @@ class Budget(Strategy):
         rewrite's simulated peak is over the target.
         """
         start = time.perf_counter()
-        planner = _Planner(view, hold_gradients=self.hold_gradients,
-                           kernels=measuring_device() if self.scratch else None)
+        device = measuring_device() if self.scratch else None  # where kernels' scratch is read
+        planner = _Planner(view, hold_gradients=self.hold_gradients, kernels=device)
         modelled = planner.plain_bytes
         # Under XLA the model alone plans: Grappler simulates TensorFlow's executor, not
         # XLA's buffers, and the side gradient and candidate rewrites a simulation builds
         # stay in the traced graph, where XLA would compile them too.
         simulating = self.refines and not tf_internals.graph_or_parents_in_xla_context(
             view.graph)
-        kernels = measuring_device() if simulating and self.scratch else None
+        kernels = device if simulating else None
         grads = plain_gradients(view) if simulating else None
         plain, source = peak_of(view, grads, kernels, self.hold_gradients) if grads else NOT_FOUND
         scale = plain / modelled if plain and modelled > 0 else 1.0

@@ -99,6 +99,34 @@ def differentiated_inputs(view, op):
 _FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
+def _gradient_alone(op):
+    """A copy of ``op`` in a scratch graph, on placeholders of its inputs' dtypes and static
+    shapes, and its registered gradient function called on placeholders for the gradients
+    of its floating outputs.
+
+    Returns:
+      ``(input placeholders, the copy, the ops the gradient function made, its returned
+      input gradients)``; the scratch graph is ``copy.graph``.
+    """
+    scratch = tf.Graph()
+    with scratch.as_default():
+        inputs = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.inputs]
+        copy = scratch.create_op(
+            op.type, inputs, [t.dtype for t in op.outputs],
+            attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")},
+            op_def=op.op_def,
+        )
+        for old, new in zip(op.outputs, copy.outputs):
+            new.set_shape(old.shape)
+        grads = [
+            tf.compat.v1.placeholder(t.dtype, t.shape) if t.dtype.is_floating else None
+            for t in copy.outputs
+        ]
+        first = len(scratch.get_operations())
+        in_grads = gradient_function(op)(copy, *grads)
+    return inputs, copy, scratch.get_operations()[first:], in_grads
+
+
 @tf.autograph.experimental.do_not_convert
 def _probe(op, needed=None):
     if gradient_function(op) is None or not any(
@@ -116,30 +144,14 @@ def _probe(op, needed=None):
         # call of a loop that nested tapes wrapped in a function). The rewrite keeps a call's
         # inputs and outputs anyway (it never recomputes one).
         return everything
-    scratch = tf.Graph()
     try:
-        with scratch.as_default():
-            inputs = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.inputs]
-            copy = scratch.create_op(
-                op.type, inputs, [t.dtype for t in op.outputs],
-                attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")},
-                op_def=op.op_def,
-            )
-            for old, new in zip(op.outputs, copy.outputs):
-                new.set_shape(old.shape)
-            grads = [
-                tf.compat.v1.placeholder(t.dtype, t.shape) if t.dtype.is_floating else None
-                for t in copy.outputs
-            ]
-            first = len(scratch.get_operations())
-            in_grads = gradient_function(op)(copy, *grads)
-            made = scratch.get_operations()[first:]
-            if needed is not None:
-                made = _feeding(made, in_grads, needed)
-            read = set()
-            for g_op in made:
-                if g_op.type not in _SHAPE_ONLY:
-                    read.update(t.ref() for t in g_op.inputs)
+        inputs, copy, made, in_grads = _gradient_alone(op)
+        if needed is not None:
+            made = _feeding(made, in_grads, needed)
+        read = set()
+        for g_op in made:
+            if g_op.type not in _SHAPE_ONLY:
+                read.update(t.ref() for t in g_op.inputs)
     except Exception:  # noqa: BLE001 - an unknown gradient: assume it reads everything
         # Reading the created ops' inputs can fail too: a cond's gradient (StatelessIf)
         # makes ops that refer to functions the scratch graph does not hold (KeyError).
@@ -192,18 +204,8 @@ def gradient_scratch(op, device):
     if key in _scratch_cache:
         return _scratch_cache[key]
     found = 0
-    scratch = tf.Graph()
     try:
-        with scratch.as_default():
-            inputs = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.inputs]
-            copy = scratch.create_op(
-                op.type, inputs, [t.dtype for t in op.outputs],
-                attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")},
-                op_def=op.op_def)
-            for old, new in zip(op.outputs, copy.outputs):
-                new.set_shape(old.shape)
-            grads = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in copy.outputs]
-            gradient_function(op)(copy, *grads)
+        scratch = _gradient_alone(op)[1].graph
         shapes = {(g_op.name, i): (t.dtype, t.shape)
                   for g_op in scratch.get_operations() for i, t in enumerate(g_op.outputs)}
         found = max(kernel_scratch(_shapes_folded(scratch), shapes, device).values(), default=0)
