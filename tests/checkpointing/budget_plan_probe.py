@@ -19,10 +19,10 @@ import tensorflow as tf  # noqa: E402
 import memgrad  # noqa: E402
 from tests.profiler.predict_probe import training_step  # noqa: E402
 
-# A two-block GPT-2 (keras-hub, random init) and a small keras.applications CNN.
+# A two-block GPT-2 (keras-hub, random init) and two small keras.applications CNNs.
 GPT2 = dict(vocabulary_size=500, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=256,
             max_sequence_length=64)
-MODELS = ("gpt2", "mobilenet_v3_small")
+MODELS = ("gpt2", "mobilenet_v3_small", "densenet121")
 
 
 def _model_and_batch(name):
@@ -39,6 +39,9 @@ def _model_and_batch(name):
         model = keras.applications.MobileNetV3Small(input_shape=(32, 32, 3), weights=None,
                                                     classes=10, include_preprocessing=False)
         return model, tf.ones([16, 32, 32, 3])
+    if name == "densenet121":
+        model = keras.applications.DenseNet121(input_shape=(64, 64, 3), weights=None, classes=10)
+        return model, tf.ones([8, 64, 64, 3])
     raise ValueError(f"Expected one of {MODELS}. Received: {name!r}")
 
 

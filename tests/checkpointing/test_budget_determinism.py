@@ -13,8 +13,10 @@ from memgrad.profiler import onednn_enabled
 from tests.checkpointing.budget_plan_probe import MODELS
 
 # The budgets: GPT-2's least is 0.509 (named by the BudgetError for 0.5), MobileNetV3Small's
-# 0.745 (oneDNN on); these sit above them, where a real plan is chosen.
-LIMITS = {"gpt2": 0.6, "mobilenet_v3_small": 0.8}
+# 0.745 (oneDNN on), DenseNet121's 0.761 (oneDNN off; its weights' gradients, held until the
+# optimizer applies them, are a third of plain's peak); these sit above them, where a real
+# plan is chosen.
+LIMITS = {"gpt2": 0.6, "mobilenet_v3_small": 0.8, "densenet121": 0.8}
 CALLS = 5
 _PROBE = "tests.checkpointing.budget_plan_probe:plan_and_measure"
 FRESH_PROCESSES = {
@@ -46,7 +48,9 @@ def test_the_measured_step_holds_the_budget(fresh_results, name):
     at Budget(0.5): 5.12-5.61 MiB) and ran up to 1.27x its plan's predicted peak, which the
     Budget's 20% margin covers (1.27 x 0.8 = 1.02). MobileNetV3Small at Budget(0.8), five
     calls per run in a loop of the memory tests: 0.82-0.93x of the budget, except one call in
-    thirty at 1.14x (11.0 MiB at 9.69): the single-call bound is that measured outlier."""
+    thirty at 1.14x (11.0 MiB at 9.69): the single-call bound is that measured outlier.
+    DenseNet121 (64x64, batch 8) at Budget(0.8): 0.83-0.87x of 70.7 MiB with oneDNN,
+    0.96-0.98x of 87.5 without (three calls each)."""
     r = fresh_results[f"{name}/fixed"]
     if "refused" in r:
         _refused_only_where_eigen_scratch_dominates(name, r)

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 import memgrad
+from memgrad._src.units import parse_bytes
 
 GPT2 = dict(vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512,
             max_sequence_length=128)
@@ -93,14 +94,32 @@ def gpt2_build(batch_size):
     return training_step(model), _batch(model, batch_size, spec=True)
 
 
-def max_batch_predicted_and_found(limit, overhead_bytes):
-    """The largest GPT-2 batch under ``limit``: predicted, and found on the emulated device."""
+def max_batch_predicted_and_bracketed(limit, overhead_bytes, rtol=0.2):
+    """The largest GPT-2 batch under ``limit`` predicted, and the two emulated-device runs that
+    bracket it: the largest batch that fits is within ``rtol`` of the prediction exactly when
+    ``below = ceil(predicted / (1 + rtol))`` fits and ``above = floor(predicted / (1 - rtol)) + 1``
+    does not. ``below`` runs under the cap; ``above`` runs under four times the cap and does
+    not fit when its allocator's peak exceeds the cap (the cap counts that same allocator), so
+    neither run waits out TensorFlow's retries after an out-of-memory (about 20 s). Two
+    runs side by side, where a search for the exact batch takes five or more."""
+    import concurrent.futures
+    import math
+
     predicted = memgrad.profiler.predict_max_batch_size(gpt2_build, limit, low=1, high=512,
-                                                        overhead_bytes=overhead_bytes)
-    found = memgrad.profiler.max_batch_size("tests.profiler.predict_probe:gpt2_run", limit,
-                                            low=1, high=512, start=max(predicted.batch_size, 1))
-    return {"predicted": predicted.batch_size, "found": found.batch_size,
-            "traces": len(predicted.probes), "runs": len(found.probes)}
+                                                        overhead_bytes=overhead_bytes).batch_size
+    below = max(1, math.ceil(predicted / (1 + rtol)))
+    above = math.floor(predicted / (1 - rtol)) + 1
+
+    def run(batch_size, cap):
+        return memgrad.profiler.run_capped("tests.profiler.predict_probe:gpt2_run", cap,
+                                           {"batch_size": batch_size}, timeout=600)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(run, (below, above), (limit, 4 * parse_bytes(limit))))
+    over = runs[1].peak_bytes is None or runs[1].peak_bytes > parse_bytes(limit)
+    return {"predicted": predicted, "below": below, "above": above,
+            "below_fits": runs[0].fits, "above_fits": not over,
+            "peaks": [r.peak_bytes for r in runs]}
 
 
 def _median_peak(step, args, calls=3):
