@@ -167,6 +167,28 @@ def test_budget_below_any_plan_names_the_smallest_that_fits():
         step(memgrad.strategies.Budget(int(smallest * 0.97), margin=0.0, hold_gradients=False))
 
 
+def test_a_step_with_a_loop_is_told_the_loops_per_step_memory_is_not_modelled():
+    """A loop's per-step intermediates (its gradient's TensorLists) are not in the memory
+    model: the Budget warns, records the loops it saw, and its refusals say so too. The
+    gradients stay exact."""
+    w = tf.Variable(tf.random.stateless_normal([16, 16], [0, 1]) * 0.3)
+    xs = tf.random.stateless_normal([12, 4, 16], [2, 3])
+
+    @tf.function
+    def step(budget):
+        h = tf.scan(lambda h, x: tf.tanh(tf.matmul(h + x, w)), xs, initializer=tf.zeros([4, 16]))
+        loss = tf.reduce_sum(tf.square(h))
+        return tf.gradients(loss, [w])[0], memgrad.gradients(loss, [w], checkpoints=budget)[0]
+
+    with pytest.warns(UserWarning, match=r"1 loop\(s\).*per-step intermediates"):
+        with memgrad.record_rewrites() as log:
+            plain, mine = step(memgrad.strategies.Budget(1.0))
+    assert log[-1].plan.details["loops"] == 1
+    np.testing.assert_allclose(mine.numpy(), plain.numpy(), rtol=1e-5, atol=1e-7)
+    with pytest.warns(UserWarning), pytest.raises(memgrad.BudgetError, match="per-step intermediates"):
+        step(memgrad.strategies.Budget("1KiB"))
+
+
 def test_fractional_budget_below_any_plan_names_the_smallest_fraction_that_fits():
     step, *_ = _tanh_chain_tracer()
     slack, under = 1.0, 0.97

@@ -11,7 +11,6 @@ import keras
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.units import parse_bytes
 
 GPT2 = dict(vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=128, intermediate_dim=512,
             max_sequence_length=128)
@@ -115,8 +114,8 @@ def max_batch_predicted_and_bracketed(limit, overhead_bytes, rtol=0.2):
                                            {"batch_size": batch_size}, timeout=600)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(run, (below, above), (limit, 4 * parse_bytes(limit))))
-    over = runs[1].peak_bytes is None or runs[1].peak_bytes > parse_bytes(limit)
+        runs = list(pool.map(run, (below, above), (limit, 4 * memgrad.profiler.parse_bytes(limit))))
+    over = runs[1].peak_bytes is None or runs[1].peak_bytes > memgrad.profiler.parse_bytes(limit)
     return {"predicted": predicted, "below": below, "above": above,
             "below_fits": runs[0].fits, "above_fits": not over,
             "peaks": [r.peak_bytes for r in runs]}

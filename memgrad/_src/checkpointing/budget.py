@@ -35,6 +35,18 @@ __all__ = ["Budget", "BudgetError", "CurvePoint", "budget_curve"]
 # a two-block GPT-2 (4.2 MiB) 1.16-1.27 with one inter-op thread. 20% holds the worst
 # (1.27 x 0.8 = 1.02 of the budget).
 SIMULATED_MARGIN = 0.2
+# Loops: the memory model (and Grappler's simulation) sees a loop as one op with its inputs
+# and outputs; the per-step intermediates it accumulates for its gradient (TensorLists) do
+# not show. A 2-layer Keras LSTM (128 steps, batch 16, 128 units): plain backprop modelled
+# at 4.0 MiB (simulated 1.1), measured 31.4.
+LOOP_TYPES = frozenset({"While", "StatelessWhile"})
+LOOP_NOTE = (
+    "The step has {loops} loop(s) (While ops: Keras RNN layers, tf.scan, tf.map_fn, "
+    "tf.while_loop): the memory model does not count the per-step intermediates a loop "
+    "keeps for its gradient, so the plan and plain backprop's modelled peak undercount "
+    "them and the measured peak can exceed the budget (a 2-layer LSTM over 128 steps: "
+    "modelled 4.0 MiB, measured 31.4). Measure the step (memgrad.profiler.measure) and "
+    "budget in bytes with that room, or use checkpoints='memory', which segments loops.")
 # A candidate whose memory-model peak (scaled to plain's simulated peak) is over
 # this multiple of the target is tried only after the others (see `_walk_order`).
 SKIP_ABOVE = 1.25
@@ -63,6 +75,8 @@ class Budget(Strategy):
     margin (20%) is held back for that. ``simulate=True`` checks each candidate plan's
     rewrite on Grappler's simulation instead (closer on graphs the model reads poorly,
     several times the cost; ``plan.details['scale_source']``: 'simulated' or 'model').
+    Loops (While ops) are not modelled inside: their per-step intermediates are not
+    counted, the Budget warns and ``plan.details['loops']`` counts them (docs/budget.md).
 
     Every gradient is counted alive to the end of the backward pass (`hold_gradients`), as
     in a step that returns them, clips them by their global norm, or applies them after the
@@ -213,6 +227,17 @@ class Budget(Strategy):
         rewrite's simulated peak is over the target.
         """
         start = time.perf_counter()
+        loops = sum(op.type in LOOP_TYPES for op in view.region)
+        if loops:
+            warnings.warn(f"{self!r}: {LOOP_NOTE.format(loops=loops)}", stacklevel=2)
+        try:
+            return self._plan(view, start, loops)
+        except BudgetError as error:
+            if loops:
+                error.args = (f"{error.args[0]} {LOOP_NOTE.format(loops=loops)}",)
+            raise
+
+    def _plan(self, view, start, loops):
         device = measuring_device() if self.scratch else None  # where kernels' scratch is read
         planner = _Planner(view, hold_gradients=self.hold_gradients, kernels=device)
         modelled = planner.plain_bytes
@@ -231,8 +256,7 @@ class Budget(Strategy):
         target = budget * (1.0 - margin)
         walk = _Walk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
                      target_bytes=target, start=start, source=source, margin=margin,
-                     kernels=kernels,
-                     hold=self.hold_gradients)
+                     kernels=kernels, hold=self.hold_gradients, loops=loops)
         if source != "model":
             if budget >= plain:
                 return self._plan_for(view, walk, [], modelled, 0.0, index=None)
@@ -269,7 +293,7 @@ class Budget(Strategy):
             scale=walk.scale, scale_source=walk.source, margin=walk.margin, candidate=index,
             candidates=None if index is None else len(walk.candidates),
             tried_bytes=list(walk.tried), recomputed_flops=cost,
-            forward_flops=float(m.flops.sum()), checkpoints=len(tensors),
+            forward_flops=float(m.flops.sum()), checkpoints=len(tensors), loops=walk.loops,
             seconds=time.perf_counter() - walk.start,
         )
         plan = CheckpointPlan(
@@ -387,6 +411,7 @@ class _Walk:
     margin: float = 0.0
     kernels: str = None  # the device whose kernels' scratch the simulations count, or None
     hold: bool = True  # gradients alive to the end of the backward pass (`hold_gradients`)
+    loops: int = 0  # While ops in the forward region, whose per-step memory is not modelled
     tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
     peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
     chosen: int = None  # the candidate a bisection found to fit, rebuilt after it
