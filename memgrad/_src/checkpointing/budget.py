@@ -20,6 +20,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing.budget_measure import NOT_FOUND, peak_of, plain_gradients
 from memgrad._src.checkpointing.budget_planner import (
     BudgetError, CurvePoint, _budget_error, _Planner, budget_curve)
+from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.plans import CheckpointPlan, _absorb_bias
 from memgrad._src.checkpointing.strategies import Strategy
 from memgrad._src.graph.kernels import measuring_device
@@ -39,7 +40,6 @@ SIMULATED_MARGIN = 0.2
 # and outputs; the per-step intermediates it accumulates for its gradient (TensorLists) do
 # not show. A 2-layer Keras LSTM (128 steps, batch 16, 128 units): plain backprop modelled
 # at 4.0 MiB (simulated 1.1), measured 31.4.
-LOOP_TYPES = frozenset({"While", "StatelessWhile"})
 LOOP_NOTE = (
     "The step has {loops} loop(s) (While ops: Keras RNN layers, tf.scan, tf.map_fn, "
     "tf.while_loop): the memory model does not count the per-step intermediates a loop "
