@@ -113,9 +113,10 @@ def max_batch_predicted_and_bracketed(limit, overhead_bytes, rtol=0.2):
         return memgrad.profiler.run_capped("tests.profiler.predict_probe:gpt2_run", cap,
                                            {"batch_size": batch_size}, timeout=600)
 
+    cap = memgrad.profiler.parse_bytes(limit)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(run, (below, above), (limit, 4 * memgrad.profiler.parse_bytes(limit))))
-    over = runs[1].peak_bytes is None or runs[1].peak_bytes > memgrad.profiler.parse_bytes(limit)
+        runs = list(pool.map(run, (below, above), (limit, 4 * cap)))
+    over = runs[1].peak_bytes is None or runs[1].peak_bytes > cap
     return {"predicted": predicted, "below": below, "above": above,
             "below_fits": runs[0].fits, "above_fits": not over,
             "peaks": [r.peak_bytes for r in runs]}
