@@ -43,14 +43,24 @@ def step_peak(model, graph=False, calls=1, traces=1):
 
 
 def graph_peaks():
-    """{"frozen"/"trainable": [keras peak, converted peak]} of a graph-mode step."""
+    """{"frozen"/"trainable": [keras peak, converted peak]} of a graph-mode step.
+
+    Run with TensorFlow's own kernels (TF_ENABLE_ONEDNN_OPTS=0, set by the test). With oneDNN
+    on, each trace of the same step peaks somewhere between 33 and 47.5 MiB on the trainable
+    conv net (six traces each of Keras's and the converted model, two fresh processes: 33.0,
+    33.5, 37.0, 39.0, 41.0, 43.5, 45.0, 47.5 MiB, for either model, with Grappler or without),
+    so the least of three traces of one model was once 37.0 against the other's 33.0: a failure
+    of the bound that measured the executor, not memgrad. With TensorFlow's kernels the same
+    twelve traces peaked at 73.0 or 73.5 MiB. That the converted step is Keras's own graph is
+    checked op by op in test_convert.py.
+    """
     tf.config.threading.set_inter_op_parallelism_threads(1)
     results = {}
     for frozen in (True, False):
         keras_model = conv_net(frozen)
         converted = memgrad.selective.convert(keras_model)
         results["frozen" if frozen else "trainable"] = [
-            step_peak(m, graph=True, calls=2, traces=3) for m in (keras_model, converted)]
+            step_peak(m, graph=True, calls=2) for m in (keras_model, converted)]
     return results
 
 

@@ -9,7 +9,8 @@ from tests.selective.memory_probe import conv_net, step_peak
 pytestmark = pytest.mark.memory
 
 FRESH_PROCESSES = {"graph": dict(target="tests.selective.memory_probe:graph_peaks",
-                                 env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300),
+                                 env={"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ENABLE_ONEDNN_OPTS": "0"},
+                                 timeout=300),
                    **{f"tape {name}": dict(target="tests.selective.memory_probe:tape_held", args=[name],
                                            env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, timeout=300)
                       for name in ("MaxPooling2D", "Dropout")}}
@@ -37,9 +38,11 @@ def test_fully_trainable_model_never_peaks_higher_than_keras(peaks):
 
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen backbone", "trainable"])
 def test_graph_mode_never_peaks_higher_than_keras(fresh_results, frozen):
-    # In a graph the converted layers run Keras's own computation: the same graph, so the
-    # peaks differ only by allocator granularity (measured in a fresh process with one
-    # inter-op thread: memory_probe.py).
+    # In a graph the converted layers run Keras's own computation: the same graph (checked op
+    # by op in test_convert.py), so the peaks differ only by allocator granularity. Measured in
+    # a fresh process with one inter-op thread and TensorFlow's own kernels, where one step's
+    # peak is the same from trace to trace (within 0.5 MiB of 73); with oneDNN it moves from
+    # trace to trace by up to 14 MiB, for either model (memory_probe.graph_peaks).
     keras_peak, memgrad_peak = fresh_results["graph"]["frozen" if frozen else "trainable"]
     assert memgrad_peak <= 1.03 * keras_peak, f"{memgrad_peak / 2**20:.2f} vs {keras_peak / 2**20:.2f} MiB"
 
