@@ -1,6 +1,6 @@
 """Peak memory of one training step of zoo models (run as a script, in a fresh process).
 
-`densenet(["40:1", "100:1"])` (depth:efficient pairs) and `glow(["4:1", "32:1"])` (steps per
+`densenet(["40:1", "100:1"])` (depth:efficient pairs) and `glow(["4:1", "16:1"])` (steps per
 level:reversible) return the peaks, bytes above the baseline, the median of three calls;
 tests/models/test_memory.py calls them in fresh processes. By hand:
 ``python -m tests.models.memory_probe densenet 40:1,100:1,100:0`` prints ``PEAKS {json}``.

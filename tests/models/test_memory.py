@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.memory
 
-CONFIGS = {"densenet": ["40:1", "100:1", "100:0"], "glow": ["4:1", "32:1", "32:0"]}
+CONFIGS = {"densenet": ["40:1", "100:1", "100:0"], "glow": ["4:1", "16:1", "16:0"]}
 FRESH_PROCESSES = {
     kind: dict(target=f"tests.models.memory_probe:{kind}", args=[configs],
                env={"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "true"})
@@ -25,11 +25,13 @@ def peaks(fresh_results):
 
 def test_glow_level_peak_does_not_grow_with_steps(peaks):
     glow = peaks["glow"]
-    shallow, deep = glow["4:1"], glow["32:1"]
+    # Measured (oneDNN, BFC): K=4, 16, 32 reversible 14.9, 13.8, 11.8 MiB; plain K=16 48.4 MiB
+    # (3.5x), K=32 87.9 MiB (7.5x). K=16 shows it with half the steps to trace and run.
+    shallow, deep = glow["4:1"], glow["16:1"]
     assert shallow > 0
-    assert deep <= 1.2 * shallow, f"K=32: {deep / 2**20:.2f} MiB vs K=4: {shallow / 2**20:.2f} MiB"
+    assert deep <= 1.2 * shallow, f"K=16: {deep / 2**20:.2f} MiB vs K=4: {shallow / 2**20:.2f} MiB"
     # The same level trained by plain backprop stores every step's activations.
-    assert glow["32:0"] >= 4 * deep, f"plain K=32: {glow['32:0'] / 2**20:.2f} MiB"
+    assert glow["16:0"] >= 2.5 * deep, f"plain K=16: {glow['16:0'] / 2**20:.2f} MiB"
 
 
 def test_efficient_densenet_is_at_most_half_of_plain_at_depth_100(peaks):
