@@ -425,7 +425,8 @@ def test_stateful_op_in_finds_random_ops_and_allows_variable_reads():
 
 # ---------------------------------------------------------------------- memory through time
 # Measured in fresh processes with one inter-op thread (tests/checkpointing/
-# loop_memory_probe.py says why): the same peaks on every call and machine.
+# loop_memory_probe.py says why): a fixed order of ops; the peaks still move from process
+# to process by up to a fifth, and the bounds below are over the measured spread.
 FRESH_PROCESSES = {
     name: dict(target=f"tests.checkpointing.loop_memory_probe:{name}", env=ENV, timeout=900)
     for name in ("lstm_peaks", "gru_scan_peaks")
@@ -433,18 +434,23 @@ FRESH_PROCESSES = {
 
 
 @pytest.mark.memory
-def test_a_two_layer_lstm_keeps_a_third_of_plain_backprops_peak(fresh_results):
+def test_a_two_layer_lstm_keeps_at_most_four_tenths_of_plain_backprops_peak(fresh_results):
     """2 Keras LSTM layers of 128 units over 512 steps, batch 16: every step's gates kept
     by plain backprop; memgrad keeps the state at every 12th step and replays segments.
-    Measured with one inter-op thread: plain 86.2 MiB (78.0 MiB on another CI machine),
-    memory 23.0 MiB (0.27x; 0.29x of 78.0), tape 23.4 MiB. Segments of 23 steps, sqrt(T),
-    measured 28.3 MiB: 0.36x of the other machine's plain peak."""
+
+    Measured with one inter-op thread, the peaks still move from process to process: in ten
+    fresh processes on one machine (six with oneDNN, four without), plain 76.3-86.3 MiB
+    (oneDNN; 85.8-86.2 without), memory 20.3-23.8 MiB, tape 20.8-23.6 MiB, memory/plain
+    0.235-0.308; and once, in a loop of the memory tests, memory 27.6 MiB against plain
+    78.6 (0.351x, a failure of the 0.35 bound this test had). The bound, 0.40, is over the
+    worst pairing measured (27.6 / 76.3 = 0.36). Segments of 23 steps, sqrt(T), measured
+    28.3 MiB."""
     peaks = fresh_results["lstm_peaks"]
     plain, memory, taped = peaks["plain"], peaks["memory"], peaks["tape"]
     print(f"LSTM: plain {plain / 2**20:.1f} MiB, memory {memory / 2**20:.1f} MiB "
           f"({memory / plain:.2f}x), tape {taped / 2**20:.1f} MiB")
-    assert memory <= 0.35 * plain
-    assert taped <= 0.35 * plain
+    assert memory <= 0.40 * plain
+    assert taped <= 0.40 * plain
 
 
 @pytest.mark.memory
