@@ -16,16 +16,9 @@ def conv_net(frozen_backbone):
     return conv_classifier(frozen_backbone, depth=16, channels=16)
 
 
-def step_peak(model, graph=False, calls=1, traces=1):
-    """The least peak of ``calls`` measured steps of each of ``traces`` traces (one warm-up
-    each).
-
-    With oneDNN on, one graph traced twice peaks at 33 or 45 MiB, steadily across calls of
-    a trace (measured on the trainable conv net): the optimised graph's schedule is fixed per
-    trace, not per graph. Several traces find the graph's own least peak.
-    """
-    if traces > 1:
-        return min(step_peak(model, graph, calls) for _ in range(traces))
+def step_peak(model, graph=False, calls=1):
+    """The least peak of ``calls`` measured steps of one trace (one warm-up; with oneDNN a
+    graph's peak moves from trace to trace: `graph_peaks`)."""
     x = tf.random.stateless_normal([16, 32, 32, 8], seed=[0, 1])  # activations of 1 MiB
     y = tf.range(16) % 10
     optimizer = keras.optimizers.SGD(0.01)

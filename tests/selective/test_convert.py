@@ -159,24 +159,24 @@ def test_a_converted_training_step_in_a_graph_is_kerass_own_graph(frozen):
     the same ops, type for type, as the unconverted model's (so its peak is Keras's: the
     measured check is tests/selective/test_memory.py)."""
     from memgrad.profiler.workloads import conv_classifier
+    from tests.selective.finetune_probe import op_types
 
     model = conv_classifier(frozen, depth=4, channels=8)
     converted = memgrad.selective.convert(model)
     assert any(type(layer).__module__.startswith("memgrad") for layer in converted.layers)
     x, y = tf.zeros([2, 32, 32, 8]), tf.range(2) % 10
 
-    def op_types(m):
+    def step_of(m):
         @tf.function
-        def step(x, y):
+        def step():
             with tf.GradientTape() as tape:
                 logits = m(x, training=False)
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             return tape.gradient(loss, m.trainable_variables)
 
-        graph = step.get_concrete_function(x, y).graph
-        return sorted(op.type for op in graph.get_operations())
+        return step
 
-    assert op_types(converted) == op_types(model)
+    assert op_types(step_of(converted)) == op_types(step_of(model))
 
 
 def test_frozen_weight_gradients_unwatched_match_keras_in_tf_function():
