@@ -1,7 +1,7 @@
 """memgrad's main claims checked on a GPU: one command, a table beside the CPU figures.
 
-    python scripts/gpu_check.py                   # on GPU:0 (about 8 minutes at most)
-    python scripts/gpu_check.py --device CPU:0    # the same checks on the CPU (a dry run)
+    python scripts/gpu_check.py                   # on GPU:0
+    python scripts/gpu_check.py --device CPU:0    # the same checks on the CPU (3 min on 2 cores)
     python scripts/gpu_check.py --check lstm      # one check (repeatable)
 
 Without a GPU (and without ``--device``) it says so in one line and exits 0. Each check
