@@ -124,22 +124,17 @@ def check_gpt2(device):
     """GPT-2 under XLA: 'memory' against plain, a Budget against its budget."""
     import functools
 
-    import keras
+    import first_call  # the same GPT-2 and batch as its first-call table
     import tensorflow as tf
 
     import memgrad
 
     try:
-        import keras_hub
+        with tf.device(device):
+            model, inputs = first_call._model_and_batch("gpt2")
     except ImportError:
         return [_row("gpt2/memory", "'memory' <= 0.50x plain's peak", "skipped: keras-hub is not "
                      "installed (pip install -e '.[test]')", None)]
-    with tf.device(device):
-        keras.utils.set_random_seed(0)
-        model = keras_hub.models.GPT2Backbone(vocabulary_size=1000, num_layers=6, num_heads=6,
-                                              hidden_dim=384, intermediate_dim=1536,
-                                              max_sequence_length=128)
-        inputs = {"token_ids": tf.ones([8, 128], tf.int32), "padding_mask": tf.ones([8, 128], tf.int32)}
 
     def loss_of(t):
         return tf.reduce_mean(tf.square(model(t, training=True)))
