@@ -355,8 +355,17 @@ def tfp_chain_and_invert():
 # does, and notes which ops it recorded (it extends `_push_tape` / `_pop_tape`, through which
 # every start and stop of recording goes). There is no public accessor for "is recording",
 # "is persistent" or "pop the tape".
-for _name in ("_tape", "_recording", "_persistent", "_pop_tape", "_push_tape"):
+for _name in ("_tape", "_recording", "_persistent", "_pop_tape", "_push_tape",
+              "_watch_accessed_variables"):
     _private_member(tf.GradientTape(), _name, "tf.GradientTape")
+# Notes the trainable variables read inside it, as a tape does, without recording any op.
+VariableWatcher = _private("tensorflow.python.eager.record", "VariableWatcher")
+
+
+def stop_watching_accessed_variables(tape):
+    """Makes ``tape`` (not yet pushed) record no variable read: the tape it pushes watches
+    only what is passed to `watch`."""
+    tape._watch_accessed_variables = False
 
 
 def tape_is_spent(tape):
@@ -374,6 +383,22 @@ def stop_tape_if_recording(tape):
     ``with`` block stops recording (so the gradient ops are not taped)."""
     if tape._recording and not tape._persistent:
         tape._pop_tape()
+
+
+_tape_module = "tensorflow.python.eager.tape"
+_pop_from_tape_set, _push_to_tape_set = _private(_tape_module, "pop_tape"), _private(_tape_module, "push_tape")
+
+
+@contextlib.contextmanager
+def tapes_set_aside(tapes):
+    """Takes the (recording) ``tapes`` off TensorFlow's tape set for the ``with`` block."""
+    for tape in tapes:
+        _pop_from_tape_set(tape._tape)
+    try:
+        yield
+    finally:
+        for tape in tapes:
+            _push_to_tape_set(tape._tape)
 
 
 def release_tape(tape):

@@ -3,6 +3,7 @@ warning naming the cause; never a silently wrong, None or crashing gradient."""
 
 import warnings
 
+import keras
 import networkx as nx
 import pytest
 import tensorflow as tf
@@ -324,7 +325,8 @@ def _third_derivative_by_tapes(x, t1, t2, t3):
 
 
 def test_three_nested_memgrad_tapes_over_a_loop_give_the_third_derivative(recorded):
-    """Nested tapes wrap the loop in a function call; probing that call's gradient in a
+    """The inner two tapes are quiet (they record no ops). When all three recorded,
+    TensorFlow wrapped the loop in a function call, and probing that call's gradient in a
     scratch graph crashed TensorFlow (SystemError, or a segfault)."""
     caught, _ = recorded
 
@@ -340,6 +342,138 @@ def test_three_nested_memgrad_tapes_over_a_loop_give_the_third_derivative(record
     got, expected = step(_V)
     assert _relative_error(got, expected) <= RTOL
     assert not _fallback_warnings(caught)
+
+
+# ---------------------------------------------------------------------- quiet nested tapes
+@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+def test_nested_memgrad_tapes_over_keras_lstms_rewrite_both_gradients(recorded, checkpoints):
+    """A Hessian-vector product through two Keras LSTM layers under nested memgrad tapes.
+    With both tapes recording, TensorFlow wrapped each loop in a function call (for the
+    tapes' own second derivative), which the rewrite keeps whole: the first call planned
+    plain backprop, the second fell back on a cycle, and nothing was saved (1.02x of plain's
+    peak at T=256). The inner tape now records no ops: both calls are rewritten, the second
+    one segments the loops, and H v equals nested tf.GradientTapes'. The outer memgrad tape
+    differentiates the graph, so it does not make the inner call take the tape-aware loop
+    gradient: 'speed' plans plain backprop for both calls, as tf.gradients twice (with the
+    tape-aware gradient, whose own gradient replays the loop, it peaked at 1.69x plain's)."""
+    caught, log = recorded
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32, 4)), keras.layers.LSTM(8, return_sequences=True),
+                              keras.layers.LSTM(8, return_sequences=True), keras.layers.Dense(1)])
+    weights = model.trainable_variables
+    direction = [tf.random.stateless_normal(w.shape, [1, i]) for i, w in enumerate(weights)]
+
+    def hessian_vector_product(tape):
+        @tf.function
+        def step(x):
+            with tape() as outer:
+                with tape() as inner:
+                    loss = tf.reduce_mean(model(x) ** 2)
+                grads = inner.gradient(loss, weights)
+                along = tf.add_n([tf.reduce_sum(g * d) for g, d in zip(grads, direction)])
+            return outer.gradient(along, weights)
+
+        return step
+
+    x = tf.random.stateless_normal([2, 32, 4], [0, 2])
+    by_tapes = hessian_vector_product(lambda: memgrad.GradientTape(checkpoints=checkpoints))
+    _assert_close(by_tapes(x), hessian_vector_product(tf.GradientTape)(x))
+    assert not _fallback_warnings(caught)
+    assert len(log) == 2 and not any(entry.fallback_reason for entry in log), log
+    if checkpoints == "memory":
+        assert [entry.fallback for entry in log] == [False, False], log
+        assert [loop.mode for loop in log[1].loops] == ["segments", "segments"], log[1].loops
+
+    @tf.function
+    def twice(x):  # the same product by memgrad.gradients, called twice
+        grads = memgrad.gradients(tf.reduce_mean(model(x) ** 2), weights, checkpoints=checkpoints)
+        along = tf.add_n([tf.reduce_sum(g * d) for g, d in zip(grads, direction)])
+        return memgrad.gradients(along, weights, checkpoints=checkpoints)
+
+    # The same loops as memgrad.gradients twice: no replayed copy of a loop for a tape.
+    assert (_control_flow_outputs(by_tapes.get_concrete_function(x).graph)
+            == _control_flow_outputs(twice.get_concrete_function(x).graph))
+
+
+def test_an_outer_tape_raises_where_its_fallback_would_differentiate_a_loop_gradient_wrongly():
+    """A loop's gradient taken inside a memgrad tape is the one tf.gradients builds (the
+    tape differentiates the graph); tf.GradientTape's own gradient of it is None (measured:
+    TensorFlow 2.21, where tf.gradients twice and nested tapes agree). So
+    where that tape would fall back to its TensorFlow tape (its gradient taken inside a loop
+    body), it raises a RuntimeError naming the loop gradient instead."""
+
+    @tf.function
+    def step(x):
+        with memgrad.GradientTape() as outer:  # persistent, it would see the loop in a call
+            outer.watch(x)
+            _, y = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.sin(h) * h), (0, x))
+            (g,) = memgrad.gradients(tf.reduce_sum(y), [x])
+
+            def body(i, acc):
+                return i + 1, acc + outer.gradient(tf.reduce_sum(g * acc), x)
+
+            return tf.while_loop(lambda i, acc: i < 2, body, (0, x))[1]
+
+    with pytest.raises(RuntimeError, match="a gradient through a loop, taken inside this tape"):
+        step.get_concrete_function(_V)
+
+
+def test_a_quiet_tape_watches_the_variables_a_recording_tape_would():
+    """What a quiet tape watches: the variables read inside it, or only those passed to
+    `watch` with watch_accessed_variables=False, as a tf.GradientTape in its place."""
+    first, second = tf.Variable([0.5, -1.0]), tf.Variable([2.0, 0.25])
+
+    def gradients(tape):
+        with tape() as outer:
+            with tape(watch_accessed_variables=False) as chosen:
+                chosen.watch(first)
+                loss = tf.reduce_sum(tf.sin(first * second))
+            with tape() as reading:
+                other = tf.reduce_sum(tf.cos(first * second))
+            watched = [[v.name for v in t.watched_variables()] for t in (chosen, reading)]
+            one, none = chosen.gradient(loss, [first, second])
+            both = reading.gradient(other, [first, second])
+            total = tf.reduce_sum(one) + tf.add_n([tf.reduce_sum(g) for g in both])
+        return watched, none, [one, *both], outer.gradient(total, [first, second])
+
+    results = {}
+
+    @tf.function(autograph=False)
+    def step():
+        for name, tape in (("memgrad", memgrad.GradientTape), ("tf", tf.GradientTape)):
+            watched, none, grads, outer = gradients(tape)
+            assert none is None, name
+            results[name] = watched
+            results[name + " grads"] = grads + outer
+        return results["memgrad grads"], results["tf grads"]
+
+    got, expected = step()
+    assert [len(names) for names in results["tf"]] == [1, 2]
+    assert results["memgrad"] == results["tf"], results
+    _assert_close(got, expected)
+
+
+def test_a_quiet_tape_raises_where_it_would_need_its_own_recording():
+    """A quiet tape has no recording of its own, so where memgrad falls back to
+    tf.GradientTape's gradient (a gradient inside a loop body of what the tape recorded
+    outside) it raises a RuntimeError saying so, never a None or a wrong gradient."""
+
+    @tf.function
+    def step(x):
+        with memgrad.GradientTape() as outer:
+            outer.watch(x)
+            with memgrad.GradientTape(persistent=True) as inner:
+                inner.watch(x)
+                y = tf.sin(x)
+
+            def body(i, acc):
+                return i + 1, acc + inner.gradient(y * acc, x)
+
+            _, total = tf.while_loop(lambda i, acc: i < 2, body, (0, x))
+        return outer.gradient(tf.reduce_sum(total), x)
+
+    with pytest.raises(RuntimeError, match="opened inside another memgrad.GradientTape"):
+        step.get_concrete_function(_V)
 
 
 # ---------------------------------------------------------------------- internal failures
@@ -530,26 +664,26 @@ def test_a_fallback_found_late_leaves_no_accumulators_behind(recorded):
     intermediates, so a cycle found after the last segment's gradient was built left those
     extra outputs alive beside the fallback's own (a Keras LSTM's Hessian-vector product
     peaked at 2.7x plain's; here 14 loops and calls with 217 outputs against 8 with 147).
-    Nested memgrad tapes over a loop, whose second and third calls fall back on the cycle,
-    against the same step with those two tapes plain."""
+    Three nested tapes over a loop: the innermost a tf.GradientTape, so that two tapes
+    record (the outermost memgrad tape and it) and TensorFlow wraps the loop in a call; the
+    second and third memgrad calls fall back on the cycle. Against the same tapes with
+    'speed', which plans plain backprop there and builds no rewrite."""
     caught, log = recorded
 
-    def build(second_and_third):
-        def tape(checkpoints):
-            return (memgrad.GradientTape(checkpoints=checkpoints) if checkpoints
-                    else tf.GradientTape())
-
+    def build(checkpoints):
         @tf.function
         def step(x):
             return _third_derivative_by_tapes(
-                x, memgrad.GradientTape(checkpoints="memory"), tape(second_and_third),
-                tape(second_and_third))
+                x, tf.GradientTape(), memgrad.GradientTape(checkpoints=checkpoints),
+                memgrad.GradientTape(checkpoints=checkpoints))
 
         return step.get_concrete_function(_V)
 
-    falling_back, plain = build("memory"), build(None)
+    falling_back = build("memory")
     reasons = [entry.fallback_reason for entry in log]
-    assert reasons[0] == "" and all("NetworkXUnfeasible" in r for r in reasons[1:3]), reasons
+    plain = build("speed")
+    assert len(reasons) == 2 and all("NetworkXUnfeasible" in r for r in reasons), reasons
+    assert all(entry.fallback and not entry.fallback_reason for entry in log[2:]), log[2:]
     assert _control_flow_outputs(falling_back.graph) == _control_flow_outputs(plain.graph)
     assert _relative_error(falling_back(_V), plain(_V)) <= RTOL
 

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing import recording
 from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.fallback import (
     crash_reason, is_internal_failure, lost_gradients, outside_graph_of_ys, unsupported_op,
@@ -334,8 +335,9 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     loops = any(op.type in LOOP_TYPES for op in view.ops)
     # Under a tape that records the ys (a gradient of this gradient), a loop's gradient goes
     # through memgrad's loop gradients even in a plain plan: the tape differentiates
-    # TensorFlow's own (what plain tf.gradients builds) wrongly.
-    taped_loops = loops and tf_internals.should_record_backprop(ys)
+    # TensorFlow's own (what plain tf.gradients builds) wrongly. A memgrad tape of this graph
+    # differentiates the graph instead, as tf.gradients twice does, so it does not count.
+    taped_loops = loops and recording.recorded_by_a_tape(ys, "a gradient through a loop")
     if not plan.tensors and not (loops and plan.loops == "segments") and not taped_loops:
         # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
         # finding plain's own set) says so in its plan.

@@ -35,6 +35,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing import recording
 from memgrad._src.checkpointing.loop_ops import (
     _attr_function, _attr_shapes, _attr_types, _dense, _empty_like_list, _loop_copy, _nothing,
     _relaxed, _shape_tensor, _waiting)
@@ -201,7 +202,7 @@ class LoopGradients:
                     f"memgrad.gradients: loop '{op.name}' is not recomputed: {reason}. Its "
                     "gradient keeps every step's intermediates, as tf.gradients does.",
                     stacklevel=2)
-            if tf_internals.should_record_backprop(list(op.outputs)):
+            if recording.recorded_by_a_tape(op.outputs, f"the gradient of loop '{op.name}'"):
                 # A tape around the call (a gradient of this gradient) differentiates
                 # TensorFlow's loop gradient wrongly (it misses the accumulators' dependence
                 # on the loop's inputs); the replay's own gradient is what tapes get.
@@ -218,7 +219,8 @@ class LoopGradients:
         if self.policy == "kept":
             return "kept", 0, "the strategy keeps loop intermediates"
         stateful = stateful_op_in(op)
-        if stateful is None and tf_internals.should_record_backprop(list(op.outputs)):
+        if stateful is None and recording.recorded_by_a_tape(
+                op.outputs, f"the gradient of loop '{op.name}'"):
             # Segments add the kept states to the forward loop as new inputs; a tape that
             # recorded the loop before (a gradient of this gradient) then gets more input
             # gradients from it than it recorded inputs, and fails.
