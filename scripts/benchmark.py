@@ -7,6 +7,7 @@ rounds (variant, baseline, variant, ...), and the ratio of medians is reported.
 Usage:
   python scripts/benchmark.py                      # every suite, print a markdown table
   python scripts/benchmark.py --suite reversible --rounds 20 --markdown BENCHMARKS.md
+  python scripts/benchmark.py --suite loops --check   # exit 1 when a stated target is missed
 """
 
 from __future__ import annotations
@@ -955,6 +956,35 @@ SUITES = {
 }
 
 
+XLA_TIME_TARGET = 1.35  # memgrad under XLA vs plain XLA
+LOOPS_TARGETS = (0.35, 1.4)  # memgrad's peak and time vs plain backprop through loops
+
+
+def missed(rows):
+    """One line per stated target the run missed (the table's "missed"): a row's time ratio
+    over its ``target``, a ``target_text`` saying missed, memgrad XLA over 1.35x plain XLA's
+    time, memgrad through loops over 0.35x plain's peak or 1.4x its time."""
+    lines = []
+    for row in rows:
+        if row.get("failure"):
+            continue
+        name = f"{row['suite']}: {row['case']}" + (f" [{row['variant']}]" if row.get("variant") else "")
+        if row.get("target_text") is not None:
+            if "missed" in row["target_text"]:
+                lines.append(f"{name}: {row['target_text']}")
+        elif row.get("target") is not None and row["time_ratio"] > row["target"]:
+            lines.append(f"{name}: time {row['time_ratio']:.2f}x > {row['target']}x")
+        elif (row["suite"] == "xla" and row.get("variant") == "memgrad XLA"
+              and row["time_ratio"] > XLA_TIME_TARGET):
+            lines.append(f"{name}: time {row['time_ratio']:.2f}x > {XLA_TIME_TARGET}x")
+        elif row["suite"] == "loops" and str(row.get("variant", "")).startswith("memgrad"):
+            peak, time_target = LOOPS_TARGETS
+            if row["memory_ratio"] > peak or row["time_ratio"] > time_target:
+                lines.append(f"{name}: peak {row['memory_ratio']:.2f}x (<= {peak}x), "
+                             f"time {row['time_ratio']:.2f}x (<= {time_target}x)")
+    return lines
+
+
 def _variant_table(intro, rows):
     """Markdown lines: ``intro``, then one row per variant (case, variant, time and peak vs
     plain), or the variant's failure."""
@@ -1037,7 +1067,7 @@ def markdown(rows) -> str:
         for row in xla:
             time_ratio = f"{row['time_ratio']:.2f}x"
             if row["variant"] == "memgrad XLA":
-                time_ratio += f" ({'met' if row['time_ratio'] <= 1.35 else 'missed'})"
+                time_ratio += f" ({'met' if row['time_ratio'] <= XLA_TIME_TARGET else 'missed'})"
             lines.append(f"| {row['case']} | {row['variant']} | {time_ratio} | {row['vs_memgrad_no_xla']:.2f}x | "
                          f"{row['ms']:.1f} | {row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
     return "\n".join(lines)
@@ -1050,6 +1080,8 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", action="store_true", help="the peers suite (same as --suite peers)")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per variant (default: 15)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when the run misses a stated target (each is listed)")
     args = parser.parse_args(argv)
     rows = []
     if args.peers:
@@ -1061,7 +1093,10 @@ def main(argv=None) -> int:
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as out:
             out.write("# memgrad benchmarks\n\nWritten by `python scripts/benchmark.py`.\n\n" + table + "\n")
-    return 0
+    misses = missed(rows)
+    for line in misses:
+        print(f"missed: {line}", file=sys.stderr)
+    return 1 if args.check and misses else 0
 
 
 if __name__ == "__main__":

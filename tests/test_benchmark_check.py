@@ -1,0 +1,51 @@
+"""scripts/benchmark.py --check: a stated target the run misses fails the run, each named."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import benchmark  # noqa: E402
+
+
+def _row(suite, time_ratio, memory_ratio=0.5, **extra):
+    return {"suite": suite, "case": f"a {suite} case", "time_ratio": time_ratio,
+            "memory_ratio": memory_ratio, "ms_memgrad": 2.0, "ms_plain": 1.0, "ms": 2.0,
+            "peak_mib": 1.0, "vs_memgrad_no_xla": 1.0, "device": "CPU:0", "failure": None, **extra}
+
+
+MET = [
+    _row("zoo", 1.2, target=1.3),
+    _row("budget", 1.1, target_text="<= 3 s (met)"),
+    _row("xla", 1.3, variant="memgrad XLA"),
+    _row("xla", 2.0, variant="plain XLA"),  # no target of its own
+    _row("loops", 1.3, 0.30, variant="memgrad.GradientTape('memory')"),
+    _row("loops", 3.0, 1.50, variant="tf.recompute_grad around the cell"),  # a peer: no target
+    {"suite": "peers", "case": "a peer", "variant": "x", "failure": "it raised"},
+]
+MISSED = [
+    _row("zoo", 1.31, target=1.3),
+    _row("budget", 1.1, target_text="time <= sqrt(n) spacing's (missed), peak <= budget (met)"),
+    _row("xla", 1.36, variant="memgrad XLA"),
+    _row("loops", 1.3, 0.36, variant="memgrad.GradientTape('memory')"),
+    _row("loops", 1.41, 0.30, variant="memgrad.GradientTape('memory')"),
+]
+
+
+def test_every_kind_of_target_is_checked():
+    assert benchmark.missed(MET) == []
+    lines = benchmark.missed(MISSED)
+    assert len(lines) == len(MISSED), lines
+    assert lines[0] == "zoo: a zoo case: time 1.31x > 1.3x"
+    assert "(missed)" in lines[1] and "[memgrad XLA]: time 1.36x > 1.35x" in lines[2]
+    assert "peak 0.36x (<= 0.35x)" in lines[3] and "time 1.41x (<= 1.4x)" in lines[4]
+
+
+def test_check_exits_1_on_a_miss_and_names_it(monkeypatch, capsys):
+    monkeypatch.setitem(benchmark.SUITES, "zoo", lambda rounds: [MET[0], MISSED[0]])
+    assert benchmark.main(["--suite", "zoo", "--rounds", "1"]) == 0  # without --check: reported only
+    assert benchmark.main(["--suite", "zoo", "--rounds", "1", "--check"]) == 1
+    assert "missed: zoo: a zoo case: time 1.31x > 1.3x" in capsys.readouterr().err
+    monkeypatch.setitem(benchmark.SUITES, "zoo", lambda rounds: [MET[0]])
+    assert benchmark.main(["--suite", "zoo", "--rounds", "1", "--check"]) == 0
