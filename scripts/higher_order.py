@@ -134,6 +134,20 @@ def workload(name, args):
 
 def measure(title, make_step, x, entry, repeats):
     """Prints one markdown table: every variant against plain."""
+    results = variant_results(make_step, x, entry, repeats)
+    plain_peak, plain_ms = results["plain"][:2]
+    print(f"\n{title}; entry: {entry} (median of {repeats} calls)")
+    print("| variant (inner, outer) | peak MiB | peak vs plain | ms/step | time vs plain "
+          "| gradient error vs plain | memgrad calls: rewritten / plain plan / fell back |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (peak, ms, error, fell) in results.items():
+        print(f"| {name} | {peak:.1f} | {peak / plain_peak:.2f}x | {ms:.1f} | "
+              f"{ms / plain_ms:.2f}x | {error:.1e} | {fell} |", flush=True)
+
+
+def variant_results(make_step, x, entry, repeats):
+    """{variant: (median peak above the weights in MiB, median ms per call, largest relative
+    gradient error vs plain, memgrad's calls "rewritten / plain plan / fell back" or "-")}."""
     results, reference = {}, None
     for name, (inner, outer) in VARIANTS.items():
         step = make_step(entry, inner, outer)
@@ -151,14 +165,7 @@ def measure(title, make_step, x, entry, repeats):
         results[name] = (statistics.median(r.peak_above_baseline_bytes for r in runs) / 2**20,
                          statistics.median(r.wall_time_s for r in runs) * 1e3, error,
                          calls if log else "-")
-    plain_peak, plain_ms = results["plain"][:2]
-    print(f"\n{title}; entry: {entry} (median of {repeats} calls)")
-    print("| variant (inner, outer) | peak MiB | peak vs plain | ms/step | time vs plain "
-          "| gradient error vs plain | memgrad calls: rewritten / plain plan / fell back |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, (peak, ms, error, fell) in results.items():
-        print(f"| {name} | {peak:.1f} | {peak / plain_peak:.2f}x | {ms:.1f} | "
-              f"{ms / plain_ms:.2f}x | {error:.1e} | {fell} |", flush=True)
+    return results
 
 
 def main(argv=None) -> int:
