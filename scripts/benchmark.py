@@ -951,11 +951,9 @@ def higher_suite(rounds):
     WGAN-GP critic step and a 2-layer LSTM's Hessian-vector product, nested tapes and two
     direct calls, each variant against plain (peak and time: medians of min(rounds, 5) calls;
     target: 'memory' for both gradients <= 0.9x of plain's peak, exact to 1e-5)."""
-    import types
-
     import higher_order
 
-    sizes = types.SimpleNamespace(blocks=16, width=256, batch=512, units=64, steps=256, sequences=16)
+    sizes = higher_order.parse_args([])
     rows = []
     for name in ("wgan", "lstm"):
         title, make_step, x = higher_order.workload(name, sizes)
@@ -1069,7 +1067,8 @@ def markdown(rows) -> str:
     if looped:
         lines += _variant_table(
             ["Loops: one SGD step through recurrent layers, every variant against plain backprop of the",
-             "same network in the same run (target: memgrad <= 0.35x of plain's peak at <= 1.4x time)."],
+             "same network in the same run (target: memgrad <= {}x of plain's peak at <= {}x time).".format(
+                 *LOOPS_TARGETS)],
             looped)
     if recomputed:
         lines += [
@@ -1108,8 +1107,10 @@ def markdown(rows) -> str:
         lines += [
             "",
             "Gradients of gradients: an inner gradient and an outer one of a function of it; a variant",
-            "names who takes each (inner, outer; plain: TensorFlow). Target: 'memory' for both <= 0.9x",
-            "of plain's peak, exact to 1e-5. memgrad calls: rewritten / planned as plain / fell back.",
+            "names who takes each (inner, outer; plain: TensorFlow). Target: 'memory' for both "
+            f"<= {HIGHER_TARGETS[0]}x",
+            f"of plain's peak, exact to {HIGHER_TARGETS[1]:.0e}. memgrad calls: rewritten / planned as "
+            "plain / fell back.",
             "",
             "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB | "
             "gradient error vs plain | memgrad calls |",

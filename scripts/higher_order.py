@@ -168,7 +168,8 @@ def variant_results(make_step, x, entry, repeats):
     return results
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The command's arguments (``parse_args([])``: the default workloads' sizes)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["wgan", "lstm", "all"], default="all")
     parser.add_argument("--entry", choices=["tape", "gradients", "all"], default="all")
@@ -179,7 +180,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=256, help="lstm: time steps T")
     parser.add_argument("--sequences", type=int, default=16, help="lstm: batch")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     workloads = ["wgan", "lstm"] if args.workload == "all" else [args.workload]
     entries = ["tape", "gradients"] if args.entry == "all" else [args.entry]
     for name in workloads:

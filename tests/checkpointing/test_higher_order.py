@@ -354,8 +354,9 @@ def test_nested_memgrad_tapes_over_keras_lstms_rewrite_both_gradients(recorded, 
     peak at T=256). The inner tape now records no ops: both calls are rewritten, the second
     one segments the loops, and H v equals nested tf.GradientTapes'. The outer memgrad tape
     differentiates the graph, so it does not make the inner call take the tape-aware loop
-    gradient: 'speed' plans plain backprop for both calls, as tf.gradients twice (with the
-    tape-aware gradient, whose own gradient replays the loop, it peaked at 1.69x plain's)."""
+    gradient: both strategies build the same loops and calls as memgrad.gradients twice
+    (with the tape-aware gradient, whose own gradient replays the loop, 'speed' peaked at
+    1.69x plain's)."""
     caught, log = recorded
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((32, 4)), keras.layers.LSTM(8, return_sequences=True),
