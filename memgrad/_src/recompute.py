@@ -47,6 +47,21 @@ class Gate:
     def __init__(self, prerequisites):
         self.prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
         self._zero = None
+        self._waits = None
+
+    def waits(self):
+        """The control inputs a gated op takes: the prerequisites themselves, or, for more
+        than one, a single op that runs after all of them. Every gated op then takes one
+        control edge, not one per prerequisite: a segment with p ports behind q gradients
+        adds p + q edges to the graph, not p x q (a 1,024-layer chain's 'memory' rewrite
+        had 80,000 such edges, which Grappler and the executor's first run walked)."""
+        if self._waits is None:
+            if len(self.prerequisites) <= 1:
+                self._waits = list(self.prerequisites)
+            else:
+                with tf.control_dependencies(self.prerequisites):
+                    self._waits = [tf.no_op(name="gate")]
+        return self._waits
 
     def __call__(self, t):
         """``t`` gated (a floating or complex tensor), or ``t`` itself (anything else)."""
@@ -58,7 +73,7 @@ class Gate:
             first = self.prerequisites[0]
             token = tf.reduce_sum(tf.cast(tf.reshape(first, [-1])[:1], tf.float32))
             self._zero = tf.where(tf.equal(token, token), 0.0, float("nan"))
-        with tf.control_dependencies(self.prerequisites):
+        with tf.control_dependencies(self.waits()):
             return t + tf.cast(self._zero, t.dtype)
 
 

@@ -103,6 +103,26 @@ def test_copy_makes_the_segments_ops_again_reading_the_checkpoint_through_a_gate
     np.testing.assert_array_equal(copied, original)  # the same values, computed again
 
 
+def test_a_copy_behind_several_gradients_waits_for_them_through_one_op():
+    """p ports behind q gradients take p + q control edges, not p x q (a 1,024-layer chain's
+    'memory' rewrite had 80,000 of them, which Grappler and the first run walked)."""
+
+    def check(rewrite, t):
+        waits = [tf.ones_like(t["d"], name=f"incoming_{i}") for i in range(5)]
+        rewrite.levels()
+        ops = rewrite._segment_ops[t["d"].ref()]
+        mapping, ports = rewrite.copy(ops, waits)
+        (port,) = [port for _, port in ports]
+        (barrier,) = port.op.control_inputs
+        assert barrier.type == "NoOp" and set(barrier.control_inputs) == {w.op for w in waits}
+        copied = [mapping[t["d"].ref()].op, mapping[t["d"].ref()].op.inputs[0].op]
+        assert all(len(op.control_inputs) <= 1 for op in copied)
+        return mapping[t["d"].ref()], t["d"]
+
+    copied, original = _in_chain(check)
+    np.testing.assert_array_equal(copied, original)
+
+
 def test_a_level_carries_its_gradient_back_to_the_checkpoint_before_it():
     def check(rewrite, t):
         parts = _Parts(rewrite)

@@ -178,7 +178,7 @@ class _Rewrite:
         # dependencies suffice and a port is a free identity.
         xla = tf_internals.graph_or_parents_in_xla_context(graph)
         wait = Gate(gate)
-        with graph.control_dependencies(gate), tf.name_scope("recompute"):
+        with graph.as_default(), tf.name_scope("recompute"), graph.control_dependencies(wait.waits()):
             for op in sorted(ops, key=self.order.__getitem__):
                 inputs = []
                 for t in op.inputs:
