@@ -6,7 +6,7 @@ rounds (variant, baseline, variant, ...), and the ratio of medians is reported.
 
 Usage:
   python scripts/benchmark.py                      # every suite, print a markdown table
-  python scripts/benchmark.py --suite reversible --rounds 20 --markdown BENCHMARKS.md
+  python scripts/benchmark.py --suite reversible --rounds 20 --markdown reversible.md
   python scripts/benchmark.py --suite loops --check   # exit 1 when a stated target is missed
 """
 
@@ -1129,10 +1129,17 @@ def main(argv=None) -> int:
                         help="suite to run (repeatable; default: all)")
     parser.add_argument("--peers", action="store_true", help="the peers suite (same as --suite peers)")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per variant (default: 15)")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="also write the table to PATH, a new file (an existing one is refused: "
+                             "BENCHMARKS.md has hand-written sections; paste the rows into it)")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when the run misses a stated target (each is listed)")
     args = parser.parse_args(argv)
+    if args.markdown and os.path.exists(args.markdown):
+        # Checked before the suites run (they take minutes to hours): the table would
+        # replace the whole file.
+        parser.error(f"--markdown expected a new file; received {args.markdown!r}, which exists "
+                     f"(the table would replace all of it: give a new path and paste the rows in)")
     rows = []
     if args.peers:
         args.suite = (args.suite or []) + ["peers"]

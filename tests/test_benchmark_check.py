@@ -56,3 +56,22 @@ def test_check_exits_1_on_a_miss_and_names_it(monkeypatch, capsys):
     assert "missed: zoo: a zoo case: time 1.31x > 1.3x" in capsys.readouterr().err
     monkeypatch.setitem(benchmark.SUITES, "zoo", lambda rounds: [MET[0]])
     assert benchmark.main(["--suite", "zoo", "--rounds", "1", "--check"]) == 0
+
+
+def test_markdown_refuses_an_existing_file_before_any_suite_runs(tmp_path, monkeypatch, capsys):
+    """The table replaces a whole file: BENCHMARKS.md's hand-written sections would be lost."""
+    existing = tmp_path / "BENCHMARKS.md"
+    existing.write_text("hand-written\n")
+    ran = []
+    monkeypatch.setitem(benchmark.SUITES, "zoo", lambda rounds: ran.append(rounds) or [])
+    try:
+        benchmark.main(["--suite", "zoo", "--markdown", str(existing)])
+    except SystemExit as exit_:
+        assert exit_.code == 2
+    else:
+        raise AssertionError("an existing --markdown file was accepted")
+    assert "expected a new file" in capsys.readouterr().err and ran == []
+    assert existing.read_text() == "hand-written\n"
+    fresh = tmp_path / "zoo.md"
+    assert benchmark.main(["--suite", "zoo", "--rounds", "1", "--markdown", str(fresh)]) == 0
+    assert ran == [1] and fresh.read_text().startswith("# memgrad benchmarks")
