@@ -57,8 +57,9 @@ def _training_step(forward, variables):
     return _sgd_step(variables, lambda x: tf.reduce_mean(tf.square(forward(x))))
 
 
-def time_side_by_side(steps, x, rounds):
-    """Median seconds per call of each step, timed in interleaved rounds."""
+def time_rounds(steps, x, rounds):
+    """Seconds of each call of each step (a list per step), timed in interleaved rounds after
+    two warm-up calls each."""
     for step in steps.values():
         for _ in range(2):
             step(x).numpy()
@@ -68,7 +69,12 @@ def time_side_by_side(steps, x, rounds):
             start = time.perf_counter()
             step(x).numpy()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def time_side_by_side(steps, x, rounds):
+    """Median seconds per call of each step, timed in interleaved rounds."""
+    return {name: statistics.median(values) for name, values in time_rounds(steps, x, rounds).items()}
 
 
 def _conv_net(channels, seed):
@@ -407,18 +413,22 @@ def _zoo_row(case, steps, x, rounds, target):
 
 
 
-def _peer_row(case, variant, seconds, peaks, key, failure=None):
+def _peer_row(case, variant, seconds, peaks, key, failure=None, spread=None):
     if failure is not None:
         return {"suite": "peers", "case": case, "variant": variant, "failure": failure}
-    return {"suite": "peers", "case": case, "variant": variant, "failure": None,
-            "time_ratio": seconds[key] / seconds["plain"], "ms": seconds[key] * 1e3,
-            "memory_ratio": peaks[key] / peaks["plain"], "peak_mib": peaks[key] / 2**20}
+    row = {"suite": "peers", "case": case, "variant": variant, "failure": None,
+           "time_ratio": seconds[key] / seconds["plain"], "ms": seconds[key] * 1e3,
+           "memory_ratio": peaks[key] / peaks["plain"], "peak_mib": peaks[key] / 2**20}
+    if spread is not None:  # the fastest and slowest round, ms
+        row["ms_range"] = (min(spread[key]) * 1e3, max(spread[key]) * 1e3)
+    return row
 
 
 def _peer_rows(case, steps, x, rounds, failures=()):
-    seconds = time_side_by_side(steps, x, rounds)
+    spread = time_rounds(steps, x, rounds)
+    seconds = {key: statistics.median(values) for key, values in spread.items()}
     peaks = {key: _median_peak(step, x) for key, step in steps.items()}
-    rows = [_peer_row(case, key, seconds, peaks, key) for key in steps]
+    rows = [_peer_row(case, key, seconds, peaks, key, spread=spread) for key in steps]
     return rows + [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
 
 
@@ -893,10 +903,11 @@ def _loop_rows(case, steps, x, rounds, device, peer=None):
         name, make = peer
         _add_step(steps, failures, name, make, x, tail=True)
     with tf.device(device):
-        seconds = time_side_by_side(steps, x, rounds)
+        spread = time_rounds(steps, x, rounds)
+    seconds = {key: statistics.median(values) for key, values in spread.items()}
     peaks = {key: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
              for key, step in steps.items()}
-    rows = [_peer_row(case, key, seconds, peaks, key) for key in steps]
+    rows = [_peer_row(case, key, seconds, peaks, key, spread=spread) for key in steps]
     rows += [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
     return [dict(row, suite="loops") for row in rows]
 
@@ -1019,15 +1030,20 @@ def missed(rows):
 def _variant_table(intro, rows):
     """Markdown lines: ``intro``, then one row per variant (case, variant, time and peak vs
     plain), or the variant's failure."""
+    ranged = any(row.get("ms_range") for row in rows)
+    ms_header = "ms/step: median (fastest-slowest round)" if ranged else "ms/step"
     lines = ["", *intro, "",
-             "| case | variant | time vs plain | ms/step | peak memory vs plain | peak MiB |",
+             f"| case | variant | time vs plain | {ms_header} | peak memory vs plain | peak MiB |",
              "| --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         if row["failure"]:
             lines.append(f"| {row['case']} | {row['variant']} | failed: {row['failure']} | | | |")
-        else:
-            lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {row['ms']:.1f} | "
-                         f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
+            continue
+        ms = f"{row['ms']:.1f}"
+        if row.get("ms_range"):
+            ms += " ({:.1f}-{:.1f})".format(*row["ms_range"])
+        lines.append(f"| {row['case']} | {row['variant']} | {row['time_ratio']:.2f}x | {ms} | "
+                     f"{row['memory_ratio']:.2f}x | {row['peak_mib']:.1f} |")
     return lines
 
 
