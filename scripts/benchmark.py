@@ -413,22 +413,22 @@ def _zoo_row(case, steps, x, rounds, target):
 
 
 
-def _peer_row(case, variant, seconds, peaks, key, failure=None, spread=None):
+def _peer_row(case, variant, times, peaks, key, failure=None):
+    """One row from ``times`` (`time_rounds`' seconds per round, per step) and ``peaks``:
+    the median against plain's, and the fastest and slowest round."""
     if failure is not None:
         return {"suite": "peers", "case": case, "variant": variant, "failure": failure}
-    row = {"suite": "peers", "case": case, "variant": variant, "failure": None,
-           "time_ratio": seconds[key] / seconds["plain"], "ms": seconds[key] * 1e3,
-           "memory_ratio": peaks[key] / peaks["plain"], "peak_mib": peaks[key] / 2**20}
-    if spread is not None:  # the fastest and slowest round, ms
-        row["ms_range"] = (min(spread[key]) * 1e3, max(spread[key]) * 1e3)
-    return row
+    median = statistics.median(times[key])
+    return {"suite": "peers", "case": case, "variant": variant, "failure": None,
+            "time_ratio": median / statistics.median(times["plain"]), "ms": median * 1e3,
+            "ms_range": (min(times[key]) * 1e3, max(times[key]) * 1e3),
+            "memory_ratio": peaks[key] / peaks["plain"], "peak_mib": peaks[key] / 2**20}
 
 
 def _peer_rows(case, steps, x, rounds, failures=()):
-    spread = time_rounds(steps, x, rounds)
-    seconds = {key: statistics.median(values) for key, values in spread.items()}
+    times = time_rounds(steps, x, rounds)
     peaks = {key: _median_peak(step, x) for key, step in steps.items()}
-    rows = [_peer_row(case, key, seconds, peaks, key, spread=spread) for key in steps]
+    rows = [_peer_row(case, key, times, peaks, key) for key in steps]
     return rows + [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
 
 
@@ -903,11 +903,10 @@ def _loop_rows(case, steps, x, rounds, device, peer=None):
         name, make = peer
         _add_step(steps, failures, name, make, x, tail=True)
     with tf.device(device):
-        spread = time_rounds(steps, x, rounds)
-    seconds = {key: statistics.median(values) for key, values in spread.items()}
+        times = time_rounds(steps, x, rounds)
     peaks = {key: memgrad.profiler.measure(step, args=(x,), device=device).peak_bytes
              for key, step in steps.items()}
-    rows = [_peer_row(case, key, seconds, peaks, key, spread=spread) for key in steps]
+    rows = [_peer_row(case, key, times, peaks, key) for key in steps]
     rows += [_peer_row(case, key, None, None, key, failure) for key, failure in failures]
     return [dict(row, suite="loops") for row in rows]
 
