@@ -5,6 +5,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from memgrad._src import tf_internals
+from memgrad._src.recompute import Gate
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -87,11 +88,12 @@ class _nothing:
 
 
 def _waiting(tensors, prerequisites):
-    """``tensors`` that only exist once every prerequisite does (a control dependency)."""
-    prerequisites = [p for p in prerequisites if isinstance(p, tf.Tensor)]
-    if not prerequisites:
+    """``tensors`` that only exist once every prerequisite does (a control dependency, through
+    `Gate.waits`: one edge per tensor, not one per tensor per prerequisite)."""
+    waits = Gate(prerequisites).waits()
+    if not waits:
         return list(tensors)
-    with tf.control_dependencies(prerequisites):
+    with tf.control_dependencies(waits):
         return [tf.identity(t) if t.dtype != tf.resource else t for t in tensors]
 
 
