@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing.rewrite import _Parts, _Rewrite
+from memgrad._src.checkpointing.aggregate import GradientParts
+from memgrad._src.checkpointing.rewrite import _Rewrite
 from memgrad._src.graph.view import ForwardGraph
 
 GRADIENTS = functools.partial(tf_internals.tf_gradients_v1, unconnected_gradients="none")
@@ -58,7 +59,7 @@ def test_levels_order_the_checkpoints_inputs_first_with_the_ops_between_them():
 
 def test_the_last_segment_gives_the_last_checkpoint_its_gradient_on_the_original_ops():
     def check(rewrite, t):
-        parts = _Parts(rewrite)
+        parts = GradientParts(rewrite)
         rewrite.last_segment([None], parts)
         assert set(parts.kept) == {t["d"].ref()} and not parts.x_parts
         assert rewrite.copied_ops == 0 and rewrite.segments == 1
@@ -125,7 +126,7 @@ def test_a_copy_behind_several_gradients_waits_for_them_through_one_op():
 
 def test_a_level_carries_its_gradient_back_to_the_checkpoint_before_it():
     def check(rewrite, t):
-        parts = _Parts(rewrite)
+        parts = GradientParts(rewrite)
         rewrite.last_segment([None], parts)
         levels = rewrite.levels()
         previous = rewrite.differentiate_level(levels[1], parts, [])
@@ -150,7 +151,7 @@ def test_every_step_in_turn_gives_plain_backprops_gradient():
 
 def test_parts_are_filed_by_checkpoint_or_x_and_summed_per_x():
     def check(rewrite, t):
-        parts = _Parts(rewrite)
+        parts = GradientParts(rewrite)
         parts.route(t["x"], tf.ones_like(t["x"]))
         parts.route(t["x"], 2.0 * tf.ones_like(t["x"]))
         parts.route(t["y"], tf.ones_like(t["y"]))  # neither kept nor an x: dropped
@@ -160,3 +161,22 @@ def test_parts_are_filed_by_checkpoint_or_x_and_summed_per_x():
         return total
 
     np.testing.assert_array_equal(_in_chain(check), 3.0 * np.ones((2, 3)))
+
+
+def test_copies_no_gradient_reads_are_counted_as_copied_not_recomputed():
+    # x @ w1 -> tanh -> @ w2 = kept -> tanh -> sum. The kept product's segment copies the
+    # first product, the tanh and the kept product itself; MatMul's gradient reads its
+    # inputs, not its output, so the copied second product feeds nothing and is pruned.
+    import memgrad
+
+    w1 = tf.Variable(tf.eye(3))
+    w2 = tf.Variable(tf.ones([3, 3]))
+
+    @tf.function
+    def fn(x):
+        kept = tf.matmul(tf.tanh(tf.matmul(x, w1)), w2)
+        return memgrad.gradients(tf.reduce_sum(tf.tanh(kept)), [w1, w2], checkpoints=[kept])
+
+    with memgrad.record_rewrites() as log:
+        fn(X)
+    assert (log[0].copied_ops, log[0].recomputed_ops) == (3, 2), log[0]

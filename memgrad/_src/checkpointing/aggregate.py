@@ -1,4 +1,7 @@
-"""Summing gradient parts that reach one tensor from several segments."""
+"""Gradient parts that reach one tensor from several segments: filed per kept tensor or x
+(`GradientParts`) and summed (`aggregate`)."""
+
+import collections
 
 import tensorflow as tf
 
@@ -28,3 +31,44 @@ def aggregate(parts):
 def dense(grad):
     """A dense tensor for a gradient that may be `tf.IndexedSlices`."""
     return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def dense_parts(grad):
+    """The dense tensors a gradient is made of (an `IndexedSlices`' values and indices)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return [grad.values, grad.indices]
+    return [grad]
+
+
+class GradientParts:
+    """Gradient parts as the segments make them: per checkpoint (``kept``) and per leaf x
+    (``x_parts``, an x nothing upstream depends on)."""
+
+    def __init__(self, rewrite):
+        self.rewrite = rewrite
+        self.kept = collections.defaultdict(list)
+        self.x_parts = collections.defaultdict(list)
+
+    def route(self, t, grad):
+        """Files ``grad``, the gradient with respect to ``t``, under the checkpoint or the x
+        that ``t`` is (or reads); drops it otherwise (a constant, a parameter not asked
+        for)."""
+        if grad is None:
+            return
+        ref = t.ref()
+        if ref in self.rewrite.checkpoints:
+            self.kept[ref].append(grad)
+            return
+        x_ref = self.rewrite.x_ref(t)
+        if x_ref is not None:
+            self.x_parts[x_ref].append(grad)
+
+    def results(self):
+        """One gradient per x of the view (the sum of its parts), None where it has none."""
+        results = []
+        for t in self.rewrite.view.x_tensors:
+            ref = t.ref()
+            found = (self.kept.get(ref, []) if ref in self.rewrite.checkpoints else [])
+            found = found + self.x_parts.get(ref, [])
+            results.append(aggregate(found) if found else None)
+        return results

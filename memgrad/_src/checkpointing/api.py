@@ -36,6 +36,9 @@ class Rewrite:
         ``'budget'``, a user strategy's ``name``), or ``'unconnected'``.
       segments: segments of the forward pass recomputed separately (0: no rewrite).
       copied_ops: forward ops copied for recomputation.
+      recomputed_ops: the copies that run: those some gradient reads, directly or through
+        other copies. TensorFlow prunes the rest before the step runs (a copied matrix
+        product whose gradient reads only its inputs).
       checkpoints: tensors kept.
       fallback: True when plain `tf.gradients` ran instead of the rewrite: nothing was worth
         keeping, or the rewrite could not handle the graph (`fallback_reason` says why; a
@@ -59,6 +62,7 @@ class Rewrite:
     plan: object = None
     loops: tuple = ()
     fallback_reason: str = ""
+    recomputed_ops: int = 0
 
 
 @contextlib.contextmanager
@@ -383,7 +387,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     if lost is not None:
         return _fall_back(plain, plan.mode, plan, lost)
     _record(
-        copied_ops=rewrite.copied_ops, segments=rewrite.segments,
+        copied_ops=rewrite.copied_ops, recomputed_ops=rewrite.recomputed_ops(),
+        segments=rewrite.segments,
         gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors),
         mode=plan.mode, estimated_bytes=plan.estimated_bytes, plan=plan,
         loops=tuple(rewrite.loops.records),

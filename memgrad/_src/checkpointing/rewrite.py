@@ -26,7 +26,6 @@ is built by `memgrad._src.checkpointing.loops`: in segments of steps, so that th
 pass keeps only every k-th step's state.
 """
 
-import collections
 import contextlib
 import time
 
@@ -34,7 +33,7 @@ import networkx as nx
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing.aggregate import aggregate, dense
+from memgrad._src.checkpointing.aggregate import GradientParts, aggregate, dense, dense_parts
 from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
 from memgrad._src.graph.memory_model import gradient_function
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
@@ -49,7 +48,7 @@ class _Rewrite:
         self._gradients_fn = gradients_fn
         self.kwargs = kwargs
         self.gradient_seconds = 0.0  # spent in TensorFlow's own gradient construction
-        self.copied_ops = 0
+        self.copies = []  # every op `copy` made, in the order made
         self.segments = 0
         self.loops = LoopGradients(
             loops, xla=tf_internals.graph_or_parents_in_xla_context(self.graph))
@@ -216,11 +215,26 @@ class _Rewrite:
                 for old, copy in zip(op.outputs, new.outputs):
                     copy.set_shape(old.shape)
                     mapping[old.ref()] = copy
-                self.copied_ops += 1
+                self.copies.append(new)
         return mapping, list(ports.values())
 
+    @property
+    def copied_ops(self):
+        return len(self.copies)
+
+    def recomputed_ops(self):
+        """How many copies run: those a gradient reads, directly or through other copies.
+        TensorFlow prunes the others before the step runs (a copied MatMul whose gradient
+        reads only its inputs, a chain that feeds only it)."""
+        copies, running = set(self.copies), set()
+        # A copy's consumers among the copies are in its own segment, made after it.
+        for op in reversed(self.copies):
+            if any(c not in copies or c in running for t in op.outputs for c in t.consumers()):
+                running.add(op)
+        return len(running)
+
     # ------------------------------------------------------------------ gradients
-    def _x_ref(self, t):
+    def x_ref(self, t):
         """The ref of the x that `t` stands for (an x itself or a read of one), or None."""
         index = self.view.x_index(t)
         if index is None:
@@ -232,12 +246,12 @@ class _Rewrite:
         last segment is differentiated on the original ops (`last_segment`); then, for each
         level of checkpoints from the loss back (`levels`), each segment is copied (`copy`)
         behind its gate (`gate_for`) and differentiated (`differentiate_level`); the parts
-        are summed per x (`_Parts.results`)."""
+        are summed per x (`GradientParts.results`)."""
         # A cycle must raise before any gradient is built: TensorFlow's gradient functions
         # make the loops and calls they differentiate output their intermediates, which a
         # fallback keeps alive (an LSTM's Hessian-vector product at 2.7x plain's peak).
         levels = self.levels()
-        parts = _Parts(self)
+        parts = GradientParts(self)
         self.last_segment(grad_ys, parts)
         previous = []
         for level in reversed(levels):
@@ -314,7 +328,7 @@ class _Rewrite:
             for (t, _), grad in zip(ports, grads):
                 parts.route(t, grad)
                 if grad is not None:
-                    previous.append(_dense_parts(grad))
+                    previous.append(dense_parts(grad))
         for unit in {view.unit_of(t.op): None for t in atomic}:
             outs = [t for t in atomic if view.unit_of(t.op) is unit]
             inside = self._xs_inside(unit)
@@ -347,8 +361,8 @@ class _Rewrite:
     def gate_for(regular, incoming, previous):
         """The tensors a segment's copy waits for: the incoming gradients of the checkpoints
         it recomputes, and the previous copy's gradients (so copies run one at a time)."""
-        gate = [_dense_parts(incoming[t.ref()]) for t in regular] + previous
-        return [x for dense_parts in gate for x in dense_parts]
+        gate = [dense_parts(incoming[t.ref()]) for t in regular] + previous
+        return [x for parts in gate for x in parts]
 
     def _unit_inputs(self, op):
         """The inputs of ``op``'s unit that come from outside it, once each."""
@@ -437,46 +451,6 @@ class _Rewrite:
         return self._port_target(t)
 
 
-class _Parts:
-    """Gradient parts as the segments make them: per checkpoint (``kept``) and per leaf x
-    (``x_parts``, an x nothing upstream depends on)."""
-
-    def __init__(self, rewrite):
-        self.rewrite = rewrite
-        self.kept = collections.defaultdict(list)
-        self.x_parts = collections.defaultdict(list)
-
-    def route(self, t, grad):
-        """Files ``grad``, the gradient with respect to ``t``, under the checkpoint or the x
-        that ``t`` is (or reads); drops it otherwise (a constant, a parameter not asked
-        for)."""
-        if grad is None:
-            return
-        ref = t.ref()
-        if ref in self.rewrite.checkpoints:
-            self.kept[ref].append(grad)
-            return
-        x_ref = self.rewrite._x_ref(t)
-        if x_ref is not None:
-            self.x_parts[x_ref].append(grad)
-
-    def results(self):
-        """One gradient per x of the view (the sum of its parts), None where it has none."""
-        results = []
-        for t in self.rewrite.view.x_tensors:
-            ref = t.ref()
-            found = (self.kept.get(ref, []) if ref in self.rewrite.checkpoints else [])
-            found = found + self.x_parts.get(ref, [])
-            results.append(aggregate(found) if found else None)
-        return results
-
-
-def _dense_parts(grad):
-    if isinstance(grad, tf.IndexedSlices):
-        return [grad.values, grad.indices]
-    return [grad]
-
-
 def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gradients=(),
                       loops="segments"):
     """Gradients of `view.ys` with respect to `view.xs`, recomputing between checkpoints.
@@ -493,7 +467,7 @@ def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gra
 
     Returns:
       A pair: one gradient (or None) per x, and the `_Rewrite` with its counters
-      (`copied_ops`, `segments`) and its loops' records (``rewrite.loops.records``).
+      (`copied_ops`, `recomputed_ops()`, `segments`) and its loops' records (``rewrite.loops.records``).
     """
     rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients, loops)
     with tf_internals.indexed_captures():  # one gradient call per segment: keep each linear
