@@ -114,7 +114,8 @@ def measure_one(name, variant) -> dict:
     (second,) = memgrad.profiler.measure_runs(step, (x,), warmup=0, repeats=1)
     budgets = [r.plan.details["budget_bytes"] for r in log if r.plan is not None and r.mode == "budget"]
     return {"first_s": first, "second_s": second.wall_time_s, "peak": second.peak_above_baseline_bytes,
-            "budget": budgets[0] if budgets else None}
+            "budget": budgets[0] if budgets else None, "copied": sum(r.copied_ops for r in log),
+            "recomputed": sum(r.recomputed_ops for r in log)}
 
 
 def _in_fresh_process(name, variant) -> dict:
@@ -144,8 +145,8 @@ def main(argv=None) -> int:
     if "plain" not in variants:
         variants = ["plain"] + variants
     print("| model | variant | first call vs plain's | first call s | second call s | peak MiB: min / median / max"
-          " | budget MiB | rounds within 1.05x budget |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          " | budget MiB | rounds within 1.05x budget | ops recomputed (copied) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.model or sorted(MODELS):
         results = {variant: [] for variant in variants}
         for _ in range(args.rounds):
@@ -153,13 +154,13 @@ def main(argv=None) -> int:
                 results[variant].append(_in_fresh_process(name, variant))
         plain_runs = [r["first_s"] for r in results["plain"] if "first_s" in r]
         if not plain_runs:
-            print(f"| {MODELS[name]} | plain | failed: {results['plain'][0]['failure']} | | | | | |")
+            print(f"| {MODELS[name]} | plain | failed: {results['plain'][0]['failure']} | | | | | | |")
             continue
         plain = statistics.median(plain_runs)
         for variant in variants:
             done = [r for r in results[variant] if "first_s" in r]
             if not done:
-                print(f"| {MODELS[name]} | {variant} | failed: {results[variant][0]['failure']} | | | | | |")
+                print(f"| {MODELS[name]} | {variant} | failed: {results[variant][0]['failure']} | | | | | | |")
                 continue
             first = statistics.median(r["first_s"] for r in done)
             second = statistics.median(r["second_s"] for r in done)
@@ -170,8 +171,10 @@ def main(argv=None) -> int:
             budget = done[0]["budget"]
             held = ("" if budget is None else
                     f"{sum(r['peak'] <= 1.05 * r['budget'] for r in done)} of {len(done)}")
+            ops = sorted({(r["recomputed"], r["copied"]) for r in done})  # one plan per variant: deterministic
+            ops = ", ".join(f"{recomputed} ({copied})" for recomputed, copied in ops)
             print(f"| {MODELS[name]} | {variant} | {ratio:.2f}x{verdict} | {first:.1f} | {second:.2f} | {spread} | "
-                  f"{'' if budget is None else f'{budget / MiB:.1f}'} | {held} |", flush=True)
+                  f"{'' if budget is None else f'{budget / MiB:.1f}'} | {held} | {ops} |", flush=True)
     return 0
 
 
