@@ -546,6 +546,7 @@ def peers_suite(rounds, batch=4096, width=128, depth=64, segment=8):
     rows += _glow_peer_rows(rounds)
     # 4. A residual MLP of Keras layers: every memgrad strategy against the peers.
     rows += _mlp_peer_rows(rounds)
+    rows += _mlp_peer_rows(rounds, batch=256, width=512, hidden=2048, gelu=True)
     # 5. Models nobody here wrote: keras-hub GPT-2 and keras.applications ResNet50.
     rows += _gpt2_peer_rows(rounds)
     rows += _resnet50_peer_rows(rounds)
@@ -633,12 +634,14 @@ def _resnet50_peer_rows(rounds, batch=16, size=64):
         lambda m: lambda t: tf.reduce_mean(tf.square(m(t, training=True))), recomputed_loss_of)
 
 
-def _residual_mlp(blocks, width, hidden, block_call=None, seed=0):
-    """32 residual blocks h + Dense(width)(Dense(hidden, relu)(h)) and a Dense(10) head;
-    ``block_call(block, h)`` wraps each block's call (tf.recompute_grad), else it is plain."""
+def _residual_mlp(blocks, width, hidden, block_call=None, seed=0, activation="relu", gelu_out=False):
+    """Residual blocks h + Dense(width)(Dense(hidden, activation)(h)) and a Dense(10) head
+    (``gelu_out``: the block's second layer a GELU too); ``block_call(block, h)`` wraps each
+    block's call (tf.recompute_grad), else it is plain."""
     keras.utils.set_random_seed(seed)
-    blocks_ = [keras.Sequential([keras.Input((width,)), keras.layers.Dense(hidden, activation="relu"),
-                                 keras.layers.Dense(width)]) for _ in range(blocks)]
+    blocks_ = [keras.Sequential([keras.Input((width,)), keras.layers.Dense(hidden, activation=activation),
+                                 keras.layers.Dense(width, activation="gelu" if gelu_out else None)])
+               for _ in range(blocks)]
     head = keras.layers.Dense(10)
     head.build((None, width))
 
@@ -652,27 +655,32 @@ def _residual_mlp(blocks, width, hidden, block_call=None, seed=0):
     return forward, variables
 
 
-def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32):
+def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32, gelu=False):
     """The residual MLP under plain backprop, memgrad's strategies, tf.recompute_grad per
     block and keras.RematScope, each step an SGD update of one ``assign_sub`` per variable
-    (each applied as soon as its gradient is made)."""
+    (each applied as soon as its gradient is made: the Budget is told so). ``gelu``: both of
+    a block's layers GELUs (whose gradients read their inputs), else Dense(relu) -> Dense."""
     x = tf.random.stateless_normal([batch, width], seed=[0, 9])
-    case = f"residual MLP, {blocks} blocks Dense({hidden}, relu) -> Dense({width}), batch {batch}x{width}"
-    forward, variables = _residual_mlp(blocks, width, hidden)
+    layers = (f"Dense({hidden}, gelu) -> Dense({width}, gelu)" if gelu
+              else f"Dense({hidden}, relu) -> Dense({width})")
+    case = f"residual MLP, {blocks} blocks {layers}, batch {batch}x{width}"
+    kind = dict(activation="gelu", gelu_out=True) if gelu else {}
+    forward, variables = _residual_mlp(blocks, width, hidden, **kind)
     loss_of = lambda t: tf.reduce_mean(tf.square(forward(t)))  # noqa: E731
     steps, failures = {"plain": _sgd_step(variables, loss_of)}, []
+    budget = memgrad.strategies.Budget(0.5, hold_gradients=False)
     for label, checkpoints in (("memgrad 'memory'", "memory"), ("memgrad 'speed'", "speed"),
-                               ("memgrad Budget(0.5)", memgrad.strategies.Budget(0.5))):
+                               ("memgrad Budget(0.5, hold_gradients=False)", budget)):
         _add_step(steps, failures, label, lambda c=checkpoints: _sgd_step(
             variables, loss_of, lambda c=c: memgrad.GradientTape(checkpoints=c)), x)
     recomputed, recomputed_variables = _residual_mlp(
-        blocks, width, hidden, block_call=lambda block, h: tf.recompute_grad(block)(h))
+        blocks, width, hidden, block_call=lambda block, h: tf.recompute_grad(block)(h), **kind)
     _add_step(steps, failures, "tf.recompute_grad per block", lambda: _sgd_step(
         recomputed_variables, lambda t: tf.reduce_mean(tf.square(recomputed(t)))), x, tail=True)
     for mode in ("full", "activations"):
         def make(mode=mode):
             with keras.RematScope(mode=mode):
-                remat_forward, remat_variables = _residual_mlp(blocks, width, hidden)
+                remat_forward, remat_variables = _residual_mlp(blocks, width, hidden, **kind)
             return _sgd_step(remat_variables, lambda t: tf.reduce_mean(tf.square(remat_forward(t))))
         _add_step(steps, failures, f"keras.RematScope(mode='{mode}')", make, x)
     return _peer_rows(case, steps, x, rounds, failures)
