@@ -218,11 +218,13 @@ def test_tiny_graph_falls_back_with_a_warning():
         loss = tf.reduce_sum(x @ v)
         return tf.gradients(loss, [v]), memgrad.gradients(loss, [v])
 
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, memgrad.record_rewrites() as log:
         warnings.simplefilter("always")
         reference, result = step(tf.ones([2, 2]))
     assert any("found nothing worth keeping" in str(w.message) for w in caught)
     np.testing.assert_allclose(reference[0].numpy(), result[0].numpy())
+    # The record says why, as the warning did.
+    assert log[0].fallback and "found nothing worth keeping" in log[0].fallback_reason, log[0]
 
 
 def test_analyze_reports_separators_and_checkpoints():

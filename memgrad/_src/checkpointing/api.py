@@ -49,7 +49,9 @@ class Rewrite:
       loops: one `memgrad.LoopRecord` per forward loop differentiated: whether its
         gradient ran in segments of steps, replayed the whole loop, or kept TensorFlow's
         per-step intermediates, and why.
-      fallback_reason: why the rewrite fell back to plain `tf.gradients` ('' if it did not).
+      fallback_reason: why plain `tf.gradients` ran, as the warning said ('' where the
+        rewrite ran, and where the plan itself is plain backprop: a budget plain backprop
+        fits, 'speed' keeping what plain backprop keeps).
     """
 
     mode: str
@@ -345,15 +347,17 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     if not plan.tensors and not (loops and plan.loops == "segments") and not taped_loops:
         # A strategy whose answer is plain backprop (a budget plain backprop fits, 'speed'
         # finding plain's own set) says so in its plan.
+        reason = ""
         if not plan.details.get("same_as_plain"):
             what = ("none of the tensors marked with memgrad.checkpoint lies between xs and "
                     "ys" if plan.mode == "collection" else "found nothing worth keeping")
+            reason = f"{what} in a graph of {len(view.ops)} forward ops"
             warnings.warn(
-                f"memgrad.gradients(checkpoints={plan.mode!r}): {what} in a graph of "
-                f"{len(view.ops)} forward ops; using plain tf.gradients for it.",
+                f"memgrad.gradients(checkpoints={plan.mode!r}): {reason}; using plain "
+                "tf.gradients for it.",
                 stacklevel=2,
             )
-        _record(mode=plan.mode, fallback=True, plan=plan)
+        _record(mode=plan.mode, fallback=True, plan=plan, fallback_reason=reason)
         return _plain_gradients(plain)
     gradients_fn = functools.partial(
         _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
