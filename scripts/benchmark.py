@@ -634,14 +634,14 @@ def _resnet50_peer_rows(rounds, batch=16, size=64):
         lambda m: lambda t: tf.reduce_mean(tf.square(m(t, training=True))), recomputed_loss_of)
 
 
-def _residual_mlp(blocks, width, hidden, block_call=None, seed=0, activation="relu", gelu_out=False):
-    """Residual blocks h + Dense(width)(Dense(hidden, activation)(h)) and a Dense(10) head
-    (``gelu_out``: the block's second layer a GELU too); ``block_call(block, h)`` wraps each
-    block's call (tf.recompute_grad), else it is plain."""
+def _residual_mlp(blocks, width, hidden, block_call=None, seed=0, activations=("relu", None)):
+    """Residual blocks h + Dense(width, b)(Dense(hidden, a)(h)), ``activations`` (a, b), and a
+    Dense(10) head; ``block_call(block, h)`` wraps each block's call (tf.recompute_grad),
+    else it is plain."""
+    first, second = activations
     keras.utils.set_random_seed(seed)
-    blocks_ = [keras.Sequential([keras.Input((width,)), keras.layers.Dense(hidden, activation=activation),
-                                 keras.layers.Dense(width, activation="gelu" if gelu_out else None)])
-               for _ in range(blocks)]
+    blocks_ = [keras.Sequential([keras.Input((width,)), keras.layers.Dense(hidden, activation=first),
+                                 keras.layers.Dense(width, activation=second)]) for _ in range(blocks)]
     head = keras.layers.Dense(10)
     head.build((None, width))
 
@@ -661,10 +661,10 @@ def _mlp_peer_rows(rounds, batch=1024, width=256, hidden=1024, blocks=32, gelu=F
     (each applied as soon as its gradient is made: the Budget is told so). ``gelu``: both of
     a block's layers GELUs (whose gradients read their inputs), else Dense(relu) -> Dense."""
     x = tf.random.stateless_normal([batch, width], seed=[0, 9])
-    layers = (f"Dense({hidden}, gelu) -> Dense({width}, gelu)" if gelu
-              else f"Dense({hidden}, relu) -> Dense({width})")
+    kind = {"activations": ("gelu", "gelu") if gelu else ("relu", None)}
+    first, second = kind["activations"]
+    layers = f"Dense({hidden}, {first}) -> Dense({width}{f', {second}' if second else ''})"
     case = f"residual MLP, {blocks} blocks {layers}, batch {batch}x{width}"
-    kind = dict(activation="gelu", gelu_out=True) if gelu else {}
     forward, variables = _residual_mlp(blocks, width, hidden, **kind)
     loss_of = lambda t: tf.reduce_mean(tf.square(forward(t)))  # noqa: E731
     steps, failures = {"plain": _sgd_step(variables, loss_of)}, []

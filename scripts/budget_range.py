@@ -25,27 +25,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MiB = 2**20
 
 
-def _step(model, tape_fn):
-    import tensorflow as tf
-
-    @tf.function
-    def step(t):
-        with tape_fn() as tape:
-            loss = tf.reduce_mean(tf.square(model(t, training=True)))
-        grads = tape.gradient(loss, model.trainable_variables)
-        for variable, grad in zip(model.trainable_variables, grads):
-            variable.assign_sub(1e-4 * tf.convert_to_tensor(grad))  # GPT-2's embedding: IndexedSlices
-        return loss
-
-    return step
-
-
 def measure(name, fractions, rounds):
     """Rows ``{variant, flops_share, recomputed, copied, peak, seconds: [per round]}``."""
     import tensorflow as tf
 
     import memgrad
-    from first_call import _model_and_batch
+    from first_call import _model_and_batch, sgd_step
 
     model, x = _model_and_batch(name)
     variants = {"plain": tf.GradientTape, "memory": lambda: memgrad.GradientTape(checkpoints="memory")}
@@ -55,7 +40,7 @@ def measure(name, fractions, rounds):
             lambda budget=budget: memgrad.GradientTape(checkpoints=budget))
     rows = []
     for variant, tape_fn in variants.items():
-        step = _step(model, tape_fn)
+        step = sgd_step(model, tape_fn)
         with memgrad.record_rewrites() as log:
             try:
                 step(x).numpy()

@@ -90,23 +90,29 @@ def _tape(variant):
     return memgrad.GradientTape(checkpoints=variant)
 
 
-def measure_one(name, variant) -> dict:
-    """Seconds of the first and second call of one SGD step (run in a fresh process)."""
+def sgd_step(model, make_tape):
+    """A `tf.function` SGD step on the mean square of ``model``'s output, under the tape
+    ``make_tape()`` returns, applying each gradient as it is made (one `assign_sub` each)."""
     import tensorflow as tf
-
-    import memgrad  # noqa: F401 - imported before the model, as a user's script does
-
-    model, x = _model_and_batch(name)
 
     @tf.function
     def step(t):
-        with _tape(variant) as tape:
+        with make_tape() as tape:
             loss = tf.reduce_mean(tf.square(model(t, training=True)))
         grads = tape.gradient(loss, model.trainable_variables)
         for variable, grad in zip(model.trainable_variables, grads):
             variable.assign_sub(1e-4 * tf.convert_to_tensor(grad))  # GPT-2's embedding: IndexedSlices
         return loss
 
+    return step
+
+
+def measure_one(name, variant) -> dict:
+    """Seconds of the first and second call of one SGD step (run in a fresh process)."""
+    import memgrad  # noqa: F401 - imported before the model, as a user's script does
+
+    model, x = _model_and_batch(name)
+    step = sgd_step(model, lambda: _tape(variant))
     with memgrad.record_rewrites() as log:
         start = time.perf_counter()
         step(x).numpy()
