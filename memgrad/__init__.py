@@ -29,12 +29,12 @@ from memgrad._src.checkpointing import (  # noqa: E402
     BudgetError,
     GradientTape,
     LoopRecord,
-    Rewrite,
+    RewriteRecord,
     analyze,
-    checkpoint,
     disable_checkpointing,
     enable_checkpointing,
     gradients,
+    mark_checkpoint,
     monkey_patch,
     record_rewrites,
     unpatch,
@@ -48,13 +48,13 @@ __all__ = [
     "BudgetError",
     "GradientTape",
     "LoopRecord",
-    "Rewrite",
+    "RewriteRecord",
     "analyze",
-    "checkpoint",
     "disable_checkpointing",
     "enable_checkpointing",
     "gradients",
     "layers",
+    "mark_checkpoint",
     "monkey_patch",
     "profiler",
     "recompute",
@@ -63,3 +63,17 @@ __all__ = [
     "strategies",
     "unpatch",
 ]
+
+# Old names, kept for one release: each access warns and names the new one.
+_DEPRECATED = {"Rewrite": "RewriteRecord", "checkpoint": "mark_checkpoint"}
+
+
+def __getattr__(name):
+    if name in _DEPRECATED:
+        import warnings
+
+        new = _DEPRECATED[name]
+        warnings.warn(f"memgrad.{name} is deprecated and will be removed in the next release; use "
+                      f"memgrad.{new} (the same object, renamed to say what it is)", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'memgrad' has no attribute {name!r}")

@@ -3,7 +3,8 @@ gradients need, and `convert`, which swaps them into an existing Keras model.
 
 These layers carry Keras's names and compute the same outputs as the Keras layers of the
 same name; they differ in what they keep for backprop (a frozen layer keeps nothing for its
-weights; `ReLU` keeps a 1-byte mask).
+weights; `ReLU` keeps a 1-byte mask). `LeanLayer` is the base to subclass for a layer of
+your own (docs/design.md shows one).
 
 Example:
   ```python
@@ -16,60 +17,5 @@ Example:
   ```
 """
 
-from memgrad._src.selective import (
-    Activation,
-    Add,
-    AveragePooling2D,
-    BatchNormalization,
-    Concatenate,
-    ConversionReport,
-    Conv1D,
-    Conv2D,
-    Conv2DTranspose,
-    Conv3D,
-    Dense,
-    DepthwiseConv2D,
-    Dropout,
-    EinsumDense,
-    Embedding,
-    GlobalAveragePooling2D,
-    LayerNormalization,
-    LeanFunctional,
-    LeanSequential,
-    MaxPooling2D,
-    ReLU,
-    SeparableConv2D,
-    ZeroPadding2D,
-    convert,
-    lean_gelu,
-    masked_relu,
-)
-
-__all__ = [
-    "Activation",
-    "Add",
-    "AveragePooling2D",
-    "BatchNormalization",
-    "Concatenate",
-    "ConversionReport",
-    "Conv1D",
-    "Conv2D",
-    "Conv2DTranspose",
-    "Conv3D",
-    "Dense",
-    "DepthwiseConv2D",
-    "Dropout",
-    "EinsumDense",
-    "Embedding",
-    "GlobalAveragePooling2D",
-    "LayerNormalization",
-    "LeanFunctional",
-    "LeanSequential",
-    "MaxPooling2D",
-    "ReLU",
-    "SeparableConv2D",
-    "ZeroPadding2D",
-    "convert",
-    "lean_gelu",
-    "masked_relu",
-]
+from memgrad._src.selective import *  # noqa: F401,F403 - the layers registered in registry.LAYERS
+from memgrad._src.selective import __all__  # noqa: F401

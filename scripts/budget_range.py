@@ -30,9 +30,9 @@ def measure(name, fractions, rounds):
     import tensorflow as tf
 
     import memgrad
-    from first_call import _model_and_batch, sgd_step
+    from first_call import model_and_batch, sgd_step
 
-    model, x = _model_and_batch(name)
+    model, x = model_and_batch(name)
     variants = {"plain": tf.GradientTape, "memory": lambda: memgrad.GradientTape(checkpoints="memory")}
     for fraction in fractions:
         budget = memgrad.strategies.Budget(fraction, hold_gradients=False)

@@ -43,7 +43,7 @@ MiB = 2**20
 VARIANTS = ("plain", "memory", "speed", "Budget(0.5)")  # any Budget(<fraction>) is accepted
 
 
-def _model_and_batch(name):
+def model_and_batch(name):
     import keras
     import tensorflow as tf
 
@@ -111,7 +111,7 @@ def measure_one(name, variant) -> dict:
     """Seconds of the first and second call of one SGD step (run in a fresh process)."""
     import memgrad  # noqa: F401 - imported before the model, as a user's script does
 
-    model, x = _model_and_batch(name)
+    model, x = model_and_batch(name)
     step = sgd_step(model, lambda: _tape(variant))
     with memgrad.record_rewrites() as log:
         start = time.perf_counter()

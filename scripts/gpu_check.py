@@ -131,7 +131,7 @@ def check_gpt2(device):
 
     try:
         with tf.device(device):
-            model, inputs = first_call._model_and_batch("gpt2")
+            model, inputs = first_call.model_and_batch("gpt2")
     except ImportError:
         return [_row("gpt2/memory", "'memory' <= 0.50x plain's peak", "skipped: keras-hub is not "
                      "installed (pip install -e '.[test]')", None)]

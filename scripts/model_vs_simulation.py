@@ -24,10 +24,10 @@ CONVOLUTIONAL = ("resnet50", "vgg16", "inceptionv3", "densenet121")
 MiB = 2**20
 
 
-def _model_and_batch(name):
+def model_and_batch(name):
     if name != "resnet50":
         sys.path.insert(0, os.path.join(ROOT, "scripts"))
-        from first_call import _model_and_batch as first_call_model
+        from first_call import model_and_batch as first_call_model
 
         return first_call_model(name)
     import keras
@@ -48,7 +48,7 @@ def figures(name):
     from memgrad._src.graph import ForwardGraph, MemoryModel
     from memgrad._src.graph.kernels import measuring_device
 
-    model, x = _model_and_batch(name)
+    model, x = model_and_batch(name)
     out = {}
 
     @tf.function

@@ -1,7 +1,7 @@
 """Replaying a forward pass: what a recomputation must see again, and what it cannot replay.
 
 Shared by `memgrad.recompute` (memgrad/_src/recompute.py) and `ReversibleSequence`
-(memgrad/_src/reversible/sequence.py, replay check in memgrad/_src/reversible/replay.py).
+(memgrad/_src/reversible/sequence.py, replay check in memgrad/_src/reversible/replay_check.py).
 
 A recomputation reproduces its forward pass only if it sees the same variable values:
 Keras seed generators (``keras.layers.Dropout`` and ``keras.random.*`` draw from a

@@ -22,7 +22,7 @@ import sys
 from memgrad.profiler import CATEGORIES
 from memgrad.cli.budget import find_budget_batches
 from memgrad.cli.timing import (  # noqa: F401 - TIMED_ROUNDS: the tests read it here
-    SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS, _time_side_by_side, time_steps)
+    SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS, time_side_by_side, time_steps)
 from memgrad.cli.report import format_budget, format_categories, format_oom, format_table, format_top, one_line, plot
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
@@ -285,7 +285,7 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 sweep.release()
                 if bar is not None:
                     bar.update()
-            _time_side_by_side(spec, depth, batch_size, fast)
+            time_side_by_side(spec, depth, batch_size, fast)
 
 
 def _add_ratios(rows):

@@ -61,7 +61,7 @@ def time_steps(entries, rounds=TIMED_ROUNDS, round_s=0.1):
     return results
 
 
-def _time_side_by_side(spec, depth, batch_size, fast):
+def time_side_by_side(spec, depth, batch_size, fast):
     """Rebuilds the fast steps of one point and times them together (`time_steps`); each row
     gets ``ms_per_step``, ``time_spread`` and its round means for a paired overhead. If they do
     not fit together, each is timed alone."""

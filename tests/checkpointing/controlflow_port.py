@@ -32,7 +32,7 @@ import memgrad
 
 RTOL = 1e-5
 ENTRIES = ("memory", "speed", "collection", "budget", "tape", "monkey_patch")
-ck = memgrad.checkpoint  # marks a tensor for 'collection'; the other strategies ignore it
+ck = memgrad.mark_checkpoint  # marks a tensor for 'collection'; the other strategies ignore it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -626,7 +626,7 @@ def strategies_of(spec):
 
 
 def _call(log, name, function, retry=None):
-    """Runs one memgrad call at trace time; records its `memgrad.Rewrite` entries or its error.
+    """Runs one memgrad call at trace time; records its `memgrad.RewriteRecord` entries or its error.
 
     On a BudgetError, `retry(error)` (if given) makes the call again, and the error is
     noted in `log[name + ':budget_error']`.

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.checkpointing.budget_planner import _budget_error
+from memgrad._src.checkpointing.budget_planner import budget_error
 
 W = tf.Variable(tf.ones([3, 3]))
 
@@ -79,18 +79,27 @@ def test_gradients_refuses_an_unknown_strategy(checkpoints, error, received):
 @pytest.mark.parametrize("value, name", [(42, "int 42"), (np.ones(2), "ndarray"), (W, "ResourceVariable"),
                                          ("h", "str 'h'"), (None, "NoneType None")])
 def test_checkpoint_refuses_what_is_not_a_tensor(value, name):
-    with pytest.raises(TypeError, match=rf"memgrad.checkpoint.*expected a tf.Tensor. Received: {re.escape(name)}"):
-        memgrad.checkpoint(value)
+    with pytest.raises(TypeError, match=rf"memgrad.mark_checkpoint.*expected a tf.Tensor. Received: {re.escape(name)}"):
+        memgrad.mark_checkpoint(value)
+
+
+@pytest.mark.parametrize("old, new", [("checkpoint", "mark_checkpoint"), ("Rewrite", "RewriteRecord")])
+def test_the_old_names_still_work_for_one_release_and_warn(old, new):
+    with pytest.warns(DeprecationWarning, match=rf"memgrad.{old} is deprecated.*use memgrad.{new}"):
+        assert getattr(memgrad, old) is getattr(memgrad, new)
+    assert old not in memgrad.__all__ and new in memgrad.__all__
+    with pytest.raises(AttributeError, match="no attribute 'checkpoints'"):
+        memgrad.checkpoints
 
 
 def test_checkpoint_returns_tensors_unchanged():
     t = tf.ones([2])
-    assert memgrad.checkpoint(t) is t
+    assert memgrad.mark_checkpoint(t) is t
 
     @tf.function
     def fn():
         h = tf.tanh(tf.ones([2]))
-        assert memgrad.checkpoint(h) is h
+        assert memgrad.mark_checkpoint(h) is h
         assert h in tf.compat.v1.get_default_graph().get_collection("checkpoints")
         return h
 
@@ -162,7 +171,7 @@ def test_a_budget_shows_what_it_was_given():
 
 
 def test_budget_error_names_a_fraction_when_one_fits():
-    error = _budget_error(budget_bytes=100, smallest_feasible_bytes=450, plain_bytes=1000, margin=0.1,
+    error = budget_error(budget_bytes=100, smallest_feasible_bytes=450, plain_bytes=1000, margin=0.1,
                           fraction=0.1)
     assert "Expected a fraction of at least 0.45 " in str(error)
     assert error.smallest_feasible_fraction == 0.45
@@ -171,7 +180,7 @@ def test_budget_error_names_a_fraction_when_one_fits():
 def test_budget_error_names_bytes_when_no_fraction_fits():
     # Even the leanest plan over plain backprop's peak (with the margin, plain/(1 - 0.1)): the
     # fraction it used to name, 1.112, is one no Budget accepts.
-    error = _budget_error(budget_bytes=500, smallest_feasible_bytes=1000 / 0.9, plain_bytes=1000,
+    error = budget_error(budget_bytes=500, smallest_feasible_bytes=1000 / 0.9, plain_bytes=1000,
                           margin=0.1, fraction=0.5, source="simulated")
     message = str(error)
     assert "fraction of at least" not in message and "1.112" not in message
@@ -222,10 +231,10 @@ def test_reversible_sequence_refuses_a_bad_reconstruction_tolerance():
 def test_the_budget_an_error_names_is_a_whole_number_of_bytes_that_fits():
     """A refusal named 222 B for a smallest peak of 222.4 B (the margin's division), and
     Budget(222) was refused in turn: the named budget is now rounded up, float noise aside."""
-    error = _budget_error(budget_bytes=100, smallest_feasible_bytes=177.92 / 0.8,
+    error = budget_error(budget_bytes=100, smallest_feasible_bytes=177.92 / 0.8,
                           plain_bytes=1000, margin=0.2)
     assert error.smallest_feasible_bytes == 223
     assert "Expected a budget of at least 223 B" in str(error)
-    exact = _budget_error(budget_bytes=100, smallest_feasible_bytes=450 * (1 + 1e-12),
+    exact = budget_error(budget_bytes=100, smallest_feasible_bytes=450 * (1 + 1e-12),
                           plain_bytes=1000)
     assert exact.smallest_feasible_bytes == 450

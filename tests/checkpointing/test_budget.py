@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import memgrad
-from memgrad._src.checkpointing.budget_planner import _Planner, budget_curve
+from memgrad._src.checkpointing.budget_planner import Planner, budget_curve
 from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_workloads import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
@@ -42,7 +42,7 @@ def test_planner_never_costs_more_than_sqrt_spacing_at_its_predicted_peak(name):
     view, model = _model(name)
     sqrt_cuts = model.positions_of(sqrt_spacing(model, LAYER_OUTPUT[name]))
     sqrt_peak, sqrt_flops = model.predict(sqrt_cuts)
-    cuts, peak, flops = _Planner(view, model).plan(sqrt_peak)
+    cuts, peak, flops = Planner(view, model).plan(sqrt_peak)
     print(f"{name}: planner {flops / 1e9:.2f} GFLOP at {peak / MiB:.1f} MiB, sqrt(n) "
           f"{sqrt_flops / 1e9:.2f} GFLOP at {sqrt_peak / MiB:.1f} MiB")
     assert peak <= sqrt_peak
@@ -53,7 +53,7 @@ def test_planner_never_costs_more_than_sqrt_spacing_at_its_predicted_peak(name):
 
 def test_dynamic_program_matches_brute_force_on_a_chain():
     view, model = _model("uneven")
-    planner = _Planner(view, model)
+    planner = Planner(view, model)
     candidates = planner.candidates
     assert 10 <= len(candidates) <= 60
     # Every subset of a dozen candidate positions, against the DP restricted to them.
@@ -119,7 +119,7 @@ def test_a_long_chain_of_identical_layers_keeps_cut_positions_for_the_planner():
     @tf.function(autograph=False)
     def step(x):
         loss = tf.reduce_sum(model(x))
-        planner = _Planner(ForwardGraph([loss], model.trainable_variables))
+        planner = Planner(ForwardGraph([loss], model.trainable_variables))
         found.update(candidates=len(planner.candidates), positions=planner.n,
                      half=planner.solve(0.5 * planner.plain_bytes))
         return loss
@@ -139,7 +139,7 @@ def test_budget_below_any_plan_states_the_smallest_feasible():
     message = str(info.value)
     assert "64.00 KiB" in message
     view, model = _model_of(loss_fn_, weights, shape)
-    smallest = _Planner(view, model).smallest_feasible()
+    smallest = Planner(view, model).smallest_feasible()
     budget = memgrad.strategies.Budget(int(smallest * 1.001), margin=0.0, simulate=False)
     with memgrad.record_rewrites() as log:
         step(budget)  # fits

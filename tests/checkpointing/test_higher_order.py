@@ -59,7 +59,7 @@ def _chain(x):
     for i in range(DEPTH):
         h = h + tf.tanh(h @ _W)
         if i % 2:
-            h = memgrad.checkpoint(h)  # for 'collection'; a no-op for the other strategies
+            h = memgrad.mark_checkpoint(h)  # for 'collection'; a no-op for the other strategies
     return tf.reduce_sum(h ** 2)
 
 
@@ -202,7 +202,7 @@ def _loop(x, steps=6, mark=False):
     h = tf.while_loop(lambda i, v: i < steps,
                       lambda i, v: (i + 1, tf.tanh(tf.linalg.matvec(_M, v) * x)), (0, x))[1]
     if mark:
-        h = memgrad.checkpoint(h)
+        h = memgrad.mark_checkpoint(h)
     return tf.reduce_sum(h ** 2)
 
 
@@ -877,7 +877,7 @@ def test_a_tape_whose_plain_tf_gradients_raises_takes_tf_gradient_tapes_gradient
     def failing(*args, **kwargs):
         raise ValueError("shapes_and_types differ")
 
-    monkeypatch.setattr(api, "_TF_GRADIENTS_V1", failing)
+    monkeypatch.setattr(api, "TF_GRADIENTS_V1", failing)
 
     @tf.function
     def step(x):
@@ -909,7 +909,7 @@ def test_collection_marks_off_this_calls_paths_give_plain_gradients_with_a_warni
 
     @tf.function
     def step(x):
-        g = memgrad.gradients(tf.reduce_sum(memgrad.checkpoint(tf.exp(x) * 2.0)), x,
+        g = memgrad.gradients(tf.reduce_sum(memgrad.mark_checkpoint(tf.exp(x) * 2.0)), x,
                               checkpoints="collection")[0]
         got = memgrad.gradients(tf.reduce_sum(g * g), x, checkpoints="collection")[0]
         expected = tf.gradients(tf.reduce_sum(tf.gradients(tf.reduce_sum(tf.exp(x) * 2.0),
@@ -919,7 +919,7 @@ def test_collection_marks_off_this_calls_paths_give_plain_gradients_with_a_warni
     got, expected = step(_V)
     assert _relative_error(got, expected) <= RTOL
     messages = [str(w.message) for w in caught]
-    assert any("none of the tensors marked with memgrad.checkpoint lies between xs and ys"
+    assert any("none of the tensors marked with memgrad.mark_checkpoint lies between xs and ys"
                in m for m in messages), messages
     assert not _fallback_warnings(caught)
 

@@ -158,7 +158,7 @@ def test_monkey_patched_tf_gradients_through_a_scan():
     @tf.function
     def step(x):
         loss = _scan(x, w, u)
-        reference = api._TF_GRADIENTS_V1(loss, [x, w, u])
+        reference = api.TF_GRADIENTS_V1(loss, [x, w, u])
         return reference, tf.gradients(loss, [x, w, u])
 
     memgrad.monkey_patch()
@@ -373,21 +373,21 @@ def test_a_lost_gradient_falls_back_to_tf_gradients_with_a_warning(monkeypatch, 
 
 
 def test_the_segment_length_divides_the_steps_under_xla():
-    assert loops._dividing_segment_length(512) == 16
-    assert loops._dividing_segment_length(40) == 5
-    assert loops._dividing_segment_length(97) is None  # a prime: no divisor near sqrt
+    assert loops.dividing_segment_length(512) == 16
+    assert loops.dividing_segment_length(40) == 5
+    assert loops.dividing_segment_length(97) is None  # a prime: no divisor near sqrt
 
 
 def test_a_small_state_beside_large_steps_gets_shorter_segments():
     # An RNN keeps h and c (16 KiB) per kept state but ~560 KiB per replayed step: the
     # memory T/k*state + k*step is least near k = 4, held at sqrt(512)/2 = 12 for the
     # launches; a large state beside small steps gets longer segments than sqrt(T).
-    assert loops._segment_length(512, 16388, 567296) == 12
-    assert loops._segment_length(512, 1 << 20, 1 << 10) == 512
-    assert loops._segment_length(400, 1000, 1000) == 20
-    assert loops._dividing_segment_length(512, 16388, 567296) == 16
-    assert loops._dividing_segment_length(512, 1000, 1000) == 16
-    assert loops._segment_length(100) == 10 and loops._segment_length(101) == 11
+    assert loops.segment_length(512, 16388, 567296) == 12
+    assert loops.segment_length(512, 1 << 20, 1 << 10) == 512
+    assert loops.segment_length(400, 1000, 1000) == 20
+    assert loops.dividing_segment_length(512, 16388, 567296) == 16
+    assert loops.dividing_segment_length(512, 1000, 1000) == 16
+    assert loops.segment_length(100) == 10 and loops.segment_length(101) == 11
 
 
 def test_a_nested_loop_reading_a_variable_gets_its_gradient():

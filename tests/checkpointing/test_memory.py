@@ -58,7 +58,7 @@ def test_memory_mode_peak_against_plain_gradients(depth, limit):
 def test_monkey_patch_and_tape_paths_save_memory():
     weights, loss_fn = _chain(32)
     x = tf.random.stateless_normal([BATCH, WIDTH], [0, 2])
-    plain_gradients = api._TF_GRADIENTS_V2
+    plain_gradients = api.TF_GRADIENTS_V2
 
     @tf.function
     def patched_step(x):

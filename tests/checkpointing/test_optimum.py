@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from memgrad._src.checkpointing.budget_planner import _Planner
+from memgrad._src.checkpointing.budget_planner import Planner
 from memgrad._src.graph import ForwardGraph, MemoryModel
 from tests.checkpointing.budget_workloads import dense_blocks, residual, tanh_chain, uneven
 from tests.checkpointing.exact_plans import exact_plan
@@ -31,7 +31,7 @@ def _planner(weights, loss_fn, shape):
     def trace(x):
         loss = loss_fn(x)
         view = ForwardGraph([loss], weights)
-        out["planner"] = _Planner(view, MemoryModel(view))
+        out["planner"] = Planner(view, MemoryModel(view))
         return loss
 
     trace.get_concrete_function(tf.TensorSpec(shape))

@@ -123,7 +123,7 @@ def test_list_and_collection_checkpoints():
         for i, v in enumerate(w):
             h = tf.tanh(h @ v)
             if i % 2 == 1:
-                marks.append(memgrad.checkpoint(h))
+                marks.append(memgrad.mark_checkpoint(h))
         loss = tf.reduce_sum(h)
         return (tf.gradients(loss, w), memgrad.gradients(loss, w, checkpoints=marks),
                 memgrad.gradients(loss, w, checkpoints="collection"))

@@ -130,7 +130,7 @@ def test_a_list_of_tensors_is_tensors_and_collection_finds_marks():
         for i, w in enumerate(weights):
             h = h + tf.tanh(h @ w)
             if i % 2:
-                kept.append(memgrad.checkpoint(h))
+                kept.append(memgrad.mark_checkpoint(h))
         loss = tf.reduce_sum(h * h)
         return (tf.gradients(loss, weights), memgrad.gradients(loss, weights, checkpoints=kept[:2]),
                 memgrad.gradients(loss, weights, checkpoints=Collection()))

@@ -33,14 +33,14 @@ def test_a_variable_whose_storage_moves_during_the_step_is_counted_once():
     weight = tf.Variable(tf.zeros([100]))
     events = [_alloc(1, 800, 300, "dense/MatMul"), _alloc(10, 1200, 400, "sgd/mul"), _free(9, 800, 400),
               _alloc(2, 1300, 500, "gradient_tape/dense/MatMul"), _free(2, 800, 500), _free(1, 500, 300)]
-    split = live._categorize(events, 500, [weight], [], "CPU:0", k=5)
+    split = live.categorize(events, 500, [weight], [], "CPU:0", k=5)
     assert split.peak_bytes == 1300 and split.total_bytes == 1300, split
     assert (split.weights, split.inputs_and_other, split.activations, split.temporaries) == (400, 100, 300, 500)
     assert "sgd/mul" not in [t.op for t in split.tensors]
     # A new value still alive at the peak next to the old storage is a buffer of its own.
     before = [_alloc(10, 900, 400, "sgd/mul"), _alloc(2, 1400, 500, "gradient_tape/dense/MatMul"),
               _free(2, 900, 500), _free(9, 500, 400)]
-    split = live._categorize(before, 500, [weight], [], "CPU:0", k=5)
+    split = live.categorize(before, 500, [weight], [], "CPU:0", k=5)
     assert split.total_bytes == split.peak_bytes == 1400 and split.temporaries == 500, split
     assert split.activations == 400  # the new value, made outside a gradient scope
 

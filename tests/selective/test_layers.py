@@ -70,6 +70,21 @@ LAYERS = {
                      selective.ZeroPadding2D, (2, 4, 4, 3)),
 }
 
+# Registered layers whose inputs or settings need tests of their own (below), and those tests.
+OWN_TESTS = {selective.Add: "test_merges_match_keras", selective.Concatenate: "test_merges_match_keras",
+             selective.Dropout: "test_dropout_same_mask_and_gradient_as_keras",
+             selective.Embedding: "test_embedding_matches_keras_and_frozen_records_nothing"}
+
+
+def test_every_registered_layer_is_compared_with_its_keras_layer():
+    from memgrad._src.selective import registry
+
+    covered = {memgrad_cls for _, keras_cls, memgrad_cls, _ in LAYERS.values()} | set(OWN_TESTS)
+    assert [layer.__name__ for layer in registry.LAYERS if layer not in covered] == []
+    assert all(name in globals() for name in OWN_TESTS.values())
+    assert all(registry.keras_counterpart(m) is k for _, k, m, _ in LAYERS.values())
+
+
 # TensorFlow's float64 GELU gradient (through erfc) is off by up to ~5e-6 relative; memgrad's
 # matches the analytic derivative to 1e-15 (test_gelu_gradient_is_the_analytic_derivative).
 FLOAT64_TOLERANCE = {"activation_gelu": 1e-5, "dense_gelu": 1e-5}

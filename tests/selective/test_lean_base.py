@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from memgrad import selective
-from memgrad._src.selective.tape import LeanLayer, Wanted
+from memgrad._src.selective.lean_layer import LeanLayer, Wanted
 
 
 class Scale(keras.layers.Layer):
@@ -29,7 +29,7 @@ class LeanScale(LeanLayer, Scale):
         self.seen = []  # the `wanted` of each call that took the lean path
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_weights(self):
         return [self.w]
@@ -134,11 +134,43 @@ def test_a_list_input_gets_one_gradient_per_element():
     np.testing.assert_allclose(tape.gradient(loss, b), 2 * (a + b))
 
 
-def test_every_public_selective_layer_is_on_the_base():
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_public_selective_layer_is_registered_once_on_the_base():
+    """A drop-in layer is one entry in registry.LAYERS: memgrad.selective's names and
+    convert's table come from there, and every layer built on the base under the name of a
+    Keras layer is in it (so none is public yet unconvertible, or written but unlisted)."""
+    import importlib
     import inspect
 
-    layers = [getattr(selective, name) for name in selective.__all__]
-    layers = [c for c in layers if inspect.isclass(c) and issubclass(c, keras.layers.Layer)
-              and not issubclass(c, keras.Model)]
-    assert len(layers) == 20  # every selective layer but the two models
+    from memgrad._src.selective import registry
+
+    convert_module = importlib.import_module("memgrad._src.selective.convert")  # the package's `convert` is the function
+
+    public = {getattr(selective, name) for name in selective.__all__}
+    layers = {c for c in public if inspect.isclass(c) and issubclass(c, keras.layers.Layer)
+              and not issubclass(c, keras.Model)}
+    assert layers == set(registry.LAYERS) and len(registry.LAYERS) == len(set(registry.LAYERS))
     assert [c.__name__ for c in layers if not issubclass(c, LeanLayer)] == []
+    assert set(convert_module.REPLACEMENTS.values()) == layers
+    assert all(convert_module.REPLACEMENTS[registry.keras_counterpart(c)] is c for c in layers)
+    named_after_keras = {c for c in _subclasses(LeanLayer) if c.__module__.startswith("memgrad.")
+                         and getattr(keras.layers, c.__name__, None) in c.__mro__}
+    assert named_after_keras == layers
+    assert LeanLayer in public  # the base users subclass (docs/design.md)
+    documented = convert_module.convert.__doc__
+    assert [c.__name__ for c in layers if c.__name__ not in documented] == [], "convert's docstring lists them"
+
+
+def test_a_layer_not_named_after_its_keras_base_cannot_be_registered():
+    from memgrad._src.selective import registry
+
+    class Renamed(LeanLayer, keras.layers.Dense):
+        pass
+
+    with pytest.raises(TypeError, match="of its own name.*Renamed"):
+        registry.keras_counterpart(Renamed)

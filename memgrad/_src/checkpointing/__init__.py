@@ -2,7 +2,7 @@
 
 from memgrad._src.checkpointing.analyze import Analysis, analyze
 from memgrad._src.checkpointing.budget import Budget, BudgetError, CurvePoint, budget_curve
-from memgrad._src.checkpointing.api import Rewrite, checkpoint, gradients, record_rewrites
+from memgrad._src.checkpointing.api import RewriteRecord, gradients, mark_checkpoint, record_rewrites
 from memgrad._src.checkpointing.patch import monkey_patch, unpatch
 from memgrad._src.checkpointing.keras_hook import disable_checkpointing, enable_checkpointing
 from memgrad._src.checkpointing.loops import LoopRecord
@@ -20,10 +20,10 @@ __all__ = [
     "CheckpointPlan",
     "GradientTape",
     "LoopRecord",
-    "Rewrite",
+    "RewriteRecord",
     "record_rewrites",
     "analyze",
-    "checkpoint",
+    "mark_checkpoint",
     "disable_checkpointing",
     "enable_checkpointing",
     "gradients",

@@ -21,14 +21,14 @@ from memgrad._src.checkpointing.strategies import COLLECTION, as_strategy, check
 from memgrad._src.graph.view import ForwardGraph
 
 # TensorFlow's own functions, kept before any patch so memgrad never calls itself.
-_TF_GRADIENTS_V1 = tf_internals.tf_gradients_v1
-_TF_GRADIENTS_V2 = tf_internals.tf_gradients_v2
+TF_GRADIENTS_V1 = tf_internals.tf_gradients_v1
+TF_GRADIENTS_V2 = tf_internals.tf_gradients_v2
 _recorders = []  # the lists of every active record_rewrites() block (any thread)
 _recorders_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
-class Rewrite:
+class RewriteRecord:
     """What one `memgrad.gradients` call did, as logged by `record_rewrites`.
 
     Attributes:
@@ -76,7 +76,7 @@ def record_rewrites():
     it is traced, not when it runs again: wrap its first call.
 
     Returns:
-      A context manager whose value is a list, filled with one `Rewrite` per call.
+      A context manager whose value is a list, filled with one `RewriteRecord` per call.
 
     Example:
       ```python
@@ -99,7 +99,7 @@ def record_rewrites():
 def _record(**fields):
     if not _recorders:
         return
-    entry = Rewrite(**fields)
+    entry = RewriteRecord(**fields)
     with _recorders_lock:
         for log in _recorders:
             log.append(entry)
@@ -233,7 +233,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
       grad_ys: optional incoming gradients, one per y.
       checkpoints: `'memory'` (separators spaced by bytes, about sqrt(n) of them),
         `'speed'` (no matrix product or convolution recomputed, never more kept than plain
-        backprop keeps), `'collection'` (tensors marked with `memgrad.checkpoint`), a list
+        backprop keeps), `'collection'` (tensors marked with `memgrad.mark_checkpoint`), a list
         of tensors to keep, or `memgrad.strategies.Budget(bytes_or_fraction)`: the plan
         recomputing least, among a fixed set of candidates, whose peak, measured at trace
         time, fits the budget.
@@ -306,7 +306,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         return unconnected_gradients_for(xs, unconnected)
 
     plain = functools.partial(
-        _TF_GRADIENTS_V1, ys, xs, grad_ys=grad_ys, name=name,
+        TF_GRADIENTS_V1, ys, xs, grad_ys=grad_ys, name=name,
         stop_gradients=stop_gradients or None, unconnected_gradients=unconnected, **kwargs)
     strategy = as_strategy(checkpoints)
     mode = getattr(strategy, "name", "strategy")
@@ -349,7 +349,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         # finding plain's own set) says so in its plan.
         reason = ""
         if not plan.details.get("same_as_plain"):
-            what = ("none of the tensors marked with memgrad.checkpoint lies between xs and "
+            what = ("none of the tensors marked with memgrad.mark_checkpoint lies between xs and "
                     "ys" if plan.mode == "collection" else "found nothing worth keeping")
             reason = f"{what} in a graph of {len(view.ops)} forward ops"
             warnings.warn(
@@ -360,7 +360,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         _record(mode=plan.mode, fallback=True, plan=plan, fallback_reason=reason)
         return _plain_gradients(plain)
     gradients_fn = functools.partial(
-        _TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
+        TF_GRADIENTS_V1, unconnected_gradients="none", name="backprop")
     for _ in range(MAX_REFINEMENTS + 1):
         try:
             with tf.name_scope("memgrad_" + name.replace("gradients", "grad")):
@@ -429,7 +429,7 @@ def _fall_back(plain, mode, plan, reason):
 
 
 @tf.autograph.experimental.do_not_convert
-def checkpoint(tensor):
+def mark_checkpoint(tensor):
     """Mark a tensor for `checkpoints='collection'` and return it unchanged.
 
     Inside a `tf.function` the tensor is added to the graph's `'checkpoints'` collection;
@@ -446,12 +446,12 @@ def checkpoint(tensor):
 
     Example:
       ```python
-      h = memgrad.checkpoint(block(h))
+      h = memgrad.mark_checkpoint(block(h))
       ```
     """
     if not tf.is_tensor(tensor) or hasattr(tensor, "assign"):  # a variable is no forward tensor
         raise TypeError(
-            "memgrad.checkpoint marks a tensor computed in the forward pass; expected a "
+            "memgrad.mark_checkpoint marks a tensor computed in the forward pass; expected a "
             f"tf.Tensor. Received: {type(tensor).__name__} {tensor!r}"
         )
     if tf.is_symbolic_tensor(tensor):

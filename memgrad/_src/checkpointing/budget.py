@@ -19,9 +19,9 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.budget_measure import NOT_FOUND, peak_of, plain_gradients
 from memgrad._src.checkpointing.budget_planner import (
-    BudgetError, CurvePoint, _budget_error, _Planner, budget_curve)
+    BudgetError, CurvePoint, budget_error, Planner, budget_curve)
 from memgrad._src.checkpointing.loops import LOOP_TYPES
-from memgrad._src.checkpointing.plans import CheckpointPlan, _absorb_bias
+from memgrad._src.checkpointing.plans import CheckpointPlan, absorb_bias
 from memgrad._src.checkpointing.strategies import Strategy
 from memgrad._src.graph.kernels import measuring_device
 from memgrad._src.units import format_bytes, parse_bytes
@@ -116,7 +116,7 @@ class Budget(Strategy):
     Simulating (``simulate=True``), it chooses among the memory model's cheapest plan for
     the target (scaled to the simulated plain peak) and plans that are the same for every
     budget on a graph
-    (`_Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
+    (`Planner.candidate_plans`: the model's cheapest plans for 90%, 80%, ..., 10% of its
     plain peak, its leanest plan, the 'memory' strategy's, and prefixes of it: its first k
     cuts, recomputing the forward pass only up to the last). It builds their rewrites
     from the least recomputation up, simulates each, and keeps the first whose peak is
@@ -239,7 +239,7 @@ class Budget(Strategy):
 
     def _plan(self, view, start, loops):
         device = measuring_device() if self.scratch else None  # where kernels' scratch is read
-        planner = _Planner(view, hold_gradients=self.hold_gradients, kernels=device)
+        planner = Planner(view, hold_gradients=self.hold_gradients, kernels=device)
         modelled = planner.plain_bytes
         # Under XLA the model alone plans: Grappler simulates TensorFlow's executor, not
         # XLA's buffers, and the side gradient and candidate rewrites a simulation builds
@@ -277,7 +277,7 @@ class Budget(Strategy):
         try:
             cuts, peak, cost = planner.plan(target / scale)
         except BudgetError as error:
-            raise _budget_error(
+            raise budget_error(
                 budget, error.smallest_feasible_bytes * scale / (1.0 - margin),
                 plain_bytes, margin=margin, fraction=self.fraction, source=source,
             ) from None
@@ -285,7 +285,7 @@ class Budget(Strategy):
 
     def _plan_for(self, view, walk, cuts, peak, cost, index):
         m = walk.planner.model
-        tensors = _absorb_bias(view, m.tensors_for(cuts))
+        tensors = absorb_bias(view, m.tensors_for(cuts))
         details = dict(
             budget_bytes=walk.budget_bytes, target_bytes=walk.target_bytes,
             predicted_bytes=peak * walk.scale, simulated_bytes=None,
@@ -307,7 +307,7 @@ class Budget(Strategy):
 
     def _no_plan(self, walk):
         least = min([*walk.tried, *walk.peaks.values()])
-        return _budget_error(walk.budget_bytes, least / (1.0 - walk.margin),
+        return budget_error(walk.budget_bytes, least / (1.0 - walk.margin),
                              walk.plain_bytes, margin=walk.margin, fraction=self.fraction,
                              source=walk.source)
 
@@ -401,7 +401,7 @@ class Budget(Strategy):
 class _Walk:
     """A Budget's walk through one graph's candidate plans, by their simulated peaks."""
 
-    planner: "_Planner"
+    planner: "Planner"
     scale: float
     plain_bytes: float
     budget_bytes: float

@@ -30,7 +30,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from memgrad._src.checkpointing.plans import _absorb_bias, _cuts_for, memory_cuts
+from memgrad._src.checkpointing.plans import absorb_bias, cuts_for, memory_cuts
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.units import format_bytes
 
@@ -41,7 +41,7 @@ MAX_BUCKETS = 256
 BUCKET_CELLS = 65536
 DENSE_LIMIT = 512
 # The budgets, as shares of the modelled plain peak, that a simulating Budget's candidate
-# plans are made for (see `_Planner.candidate_plans`).
+# plans are made for (see `Planner.candidate_plans`).
 CANDIDATE_LEVELS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 # How many prefixes of the 'memory' plan are candidates (see `_prefixes`).
 PREFIXES = 8
@@ -71,7 +71,7 @@ class BudgetError(ValueError):
 _SOURCE_WORDS = {"measured": "measured", "simulated": "simulated", "model": "modelled"}
 
 
-def _budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0, fraction=None,
+def budget_error(budget_bytes, smallest_feasible_bytes, plain_bytes, margin=0.0, fraction=None,
                   source="model"):
     held = f", with the {margin:.0%} margin" if margin else ""
     how = _SOURCE_WORDS.get(source, source)
@@ -158,7 +158,7 @@ def _thinned(live, positions, limit=DENSE_LIMIT):
     return sorted(taken.union(others[step - 1::step]))
 
 
-class _Planner:
+class Planner:
     """The dynamic program over cut positions for one graph."""
 
     def __init__(self, view, model=None, hold_gradients=True, kernels=None):
@@ -170,7 +170,7 @@ class _Planner:
         self.plain_bytes, _ = m.predict([])
         movable = set()
         for t in pr.tensors:
-            moved = _absorb_bias(view, [t])
+            moved = absorb_bias(view, [t])
             if moved[0].ref() != t.ref():
                 movable.add(t.ref())
         candidates = []
@@ -194,7 +194,7 @@ class _Planner:
         if self._family is None:
             self._family = []
             for segments in range(2, min(self.n, 2 * math.isqrt(self.n) + 3) + 1):
-                cuts = _cuts_for(self.model.profile, segments)
+                cuts = cuts_for(self.model.profile, segments)
                 if cuts:
                     self._family.append(self.model.predict(cuts) + (cuts,))
         return self._family
@@ -308,7 +308,7 @@ class _Planner:
         options = [] if cuts is None else [m.predict(cuts) + (cuts,)]
         options += [option for option in self.family() if option[0] <= budget]
         if not options:
-            raise _budget_error(budget, self.smallest_feasible(), self.plain_bytes)
+            raise budget_error(budget, self.smallest_feasible(), self.plain_bytes)
         peak, cost, cuts = min(options, key=lambda option: option[1])
         return cuts, peak, cost
 
@@ -406,7 +406,7 @@ def budget_curve(view, budgets=None, points=8, model=None):
           print(point.budget_bytes, point.predicted_bytes, point.extra_compute)
       ```
     """
-    planner = _Planner(view, model)
+    planner = Planner(view, model)
     forward = float(planner.model.flops.sum())
     if budgets is None:
         low = planner.smallest_feasible()

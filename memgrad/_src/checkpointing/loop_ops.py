@@ -1,6 +1,8 @@
 """Building blocks of loop gradients: While ops copied with fresh function graphs, their
 attributes, TensorLists, and control waits."""
 
+import contextlib
+
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
@@ -9,21 +11,21 @@ from memgrad._src.recompute import Gate
 
 
 # ---------------------------------------------------------------------- building blocks
-def _attr_types(dtypes):
+def attr_types(dtypes):
     return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
         type=[d.as_datatype_enum for d in dtypes]))
 
 
-def _attr_shapes(shapes):
+def attr_shapes(shapes):
     return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
         shape=[tf.TensorShape(s).as_proto() for s in shapes]))
 
 
-def _attr_function(name):
+def attr_function(name):
     return attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=name))
 
 
-def _loop_copy(op, inputs, attrs, name):
+def loop_copy(op, inputs, attrs, name):
     """A new `While` op like ``op`` on ``inputs``, ready for `tf_internals.while_gradient`.
 
     Its body and condition are fresh FuncGraphs with names of their own: the gradient
@@ -31,7 +33,7 @@ def _loop_copy(op, inputs, attrs, name):
     """
     graph = tf.compat.v1.get_default_graph()
     types = [t.dtype for t in inputs]
-    with graph.device(op.device) if op.device else _nothing():
+    with graph.device(op.device) if op.device else contextlib.nullcontext():
         copy = graph.create_op(op.type, inputs, types, name=name, attrs=attrs)
     _give_fresh_graphs(copy)
     return copy
@@ -79,15 +81,7 @@ def _give_fresh_graphs(op):
             _give_fresh_graphs(inner)
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _waiting(tensors, prerequisites):
+def waiting_for(tensors, prerequisites):
     """``tensors`` that only exist once every prerequisite does (a control dependency, through
     `Gate.waits`: one edge per tensor, not one per tensor per prerequisite)."""
     waits = Gate(prerequisites).waits()
@@ -97,15 +91,15 @@ def _waiting(tensors, prerequisites):
         return [tf.identity(t) if t.dtype != tf.resource else t for t in tensors]
 
 
-def _dense(grad):
+def densified(grad):
     return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
-def _relaxed(tensor):
+def relaxed_shape(tensor):
     return tf.TensorShape([]) if tensor.dtype == tf.variant else tf.TensorShape(None)
 
 
-def _shape_tensor(shape):
+def shape_tensor(shape):
     """A TensorList element shape: the static shape, -1 for unknown dimensions."""
     shape = tf.TensorShape(shape)
     if shape.rank is None:
@@ -113,7 +107,7 @@ def _shape_tensor(shape):
     return tf.constant([-1 if d is None else d for d in shape.as_list()], tf.int32)
 
 
-def _empty_like_list(handle, inner):
+def empty_like_list(handle, inner):
     """An item-less TensorList as long as the list ``handle`` (the body reads it as
     ``inner``), or None if the body never reads an item of it."""
     dtypes = {c.get_attr("element_dtype") for c in inner.consumers()

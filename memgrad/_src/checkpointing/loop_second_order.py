@@ -4,7 +4,7 @@ or replayed loop gradient, taken on TensorFlow's own gradient of a replay of the
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing.loop_ops import _loop_copy
+from memgrad._src.checkpointing.loop_ops import loop_copy
 
 
 def differentiable_again(op, grads, build):
@@ -46,7 +46,7 @@ def differentiable_again(op, grads, build):
             if tf.compat.v1.get_default_graph() is not op.graph:
                 found = _across_graphs(flat, sources, upstream, op.graph)
                 return (found, [None] * len(variables)) if variables is not None else found
-            replay = _loop_copy(op, inputs, attrs, "memgrad_second_order")
+            replay = loop_copy(op, inputs, attrs, "memgrad_second_order")
             plain = list(tf_internals.while_gradient(replay, *grads))
             pairs = [(plain[i], dy) for i, dy in zip(results["positions"], upstream)
                      if dy is not None and plain[i] is not None]

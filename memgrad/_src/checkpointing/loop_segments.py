@@ -6,7 +6,7 @@ import math
 import tensorflow as tf
 
 
-def _static_int(tensor):
+def static_int(tensor):
     """The value of a scalar integer tensor known at trace time (a constant, or the max/min
     of one, as Keras's RNN gives its loop), or None."""
     value = tf.get_static_value(tensor)
@@ -21,20 +21,20 @@ def _static_int(tensor):
     return int(value)
 
 
-def _steps_estimate(op):
+def steps_estimate(op):
     """A likely number of steps for a loop with no static bound: the length of a list it
     reads or writes (a TensorArray's size), else 1024. Only the segment length depends on it."""
     lengths = []
     for t in op.inputs:
         if t.op.type == "TensorListReserve":
-            lengths.append(_static_int(t.op.inputs[1]))
+            lengths.append(static_int(t.op.inputs[1]))
         elif t.op.type == "TensorListFromTensor":
             lengths.append(t.op.inputs[0].shape[0] if t.op.inputs[0].shape.rank else None)
     lengths = [n for n in lengths if n]
     return max(lengths) if lengths else 1024
 
 
-def _segment_length(steps, state_bytes=0, step_bytes=0):
+def segment_length(steps, state_bytes=0, step_bytes=0):
     """Steps per segment: the k minimising the kept states (steps / k of ``state_bytes``)
     plus one replayed segment's intermediates (k of ``step_bytes``), k = sqrt(steps *
     state_bytes / step_bytes). A loop whose state is small beside what one step keeps for its
@@ -48,10 +48,10 @@ def _segment_length(steps, state_bytes=0, step_bytes=0):
     return max(1, min(steps, max(best, (root + 1) // 2)))
 
 
-def _dividing_segment_length(steps, state_bytes=0, step_bytes=0):
-    """The divisor of ``steps`` nearest (in the memory it keeps) to `_segment_length`'s
+def dividing_segment_length(steps, state_bytes=0, step_bytes=0):
+    """The divisor of ``steps`` nearest (in the memory it keeps) to `segment_length`'s
     choice, or None when no divisor keeps under twice what that choice keeps."""
-    target = _segment_length(steps, state_bytes, step_bytes)
+    target = segment_length(steps, state_bytes, step_bytes)
     state, step = (state_bytes, step_bytes) if state_bytes > 0 and step_bytes > 0 else (1, 1)
 
     def kept(k):
@@ -83,7 +83,7 @@ _NOT_KEPT_PER_STEP = frozenset({
     "TensorListElementShape", "TensorListLength"})
 
 
-def _sizes(body, kinds):
+def loop_sizes(body, kinds):
     """``(state_bytes, step_bytes)``: the loop's carried state and the outputs of one step's
     ops (what its gradient may keep per step), 0 where a shape is not static."""
     state = _static_bytes(body.inputs[i] for i, kind in enumerate(kinds) if kind == "state")

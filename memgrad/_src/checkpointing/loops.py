@@ -8,7 +8,7 @@ grows with the number of steps T. Inside `memgrad.gradients` a loop's gradient i
 
 - ``'segments'``: the forward loop keeps only its carried state (the loop variables that
   change) at the start of every k-th step, k about sqrt(T) (shorter where the state is
-  small beside one step's intermediates, see `_segment_length`). The backward pass is a loop over
+  small beside one step's intermediates, see `segment_length`). The backward pass is a loop over
   the segments, last first: each replays its k steps from the kept state (a copy of the loop,
   cut to those steps) and differentiates the replay with TensorFlow's own loop gradient. It
   holds about T/k states plus one segment's intermediates, O(sqrt T), for one more forward
@@ -28,6 +28,7 @@ Whatever the way, the gradient is TensorFlow's gradient of the same steps: equal
 `tf.gradients` up to float rounding.
 """
 
+import contextlib
 import dataclasses
 import warnings
 
@@ -37,10 +38,10 @@ from tensorflow.core.framework import attr_value_pb2
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing import recording
 from memgrad._src.checkpointing.loop_ops import (
-    _attr_function, _attr_shapes, _attr_types, _dense, _empty_like_list, _loop_copy, _nothing,
-    _relaxed, _shape_tensor, _waiting)
+    attr_function, attr_shapes, attr_types, densified, empty_like_list, loop_copy,
+    relaxed_shape, shape_tensor, waiting_for)
 from memgrad._src.checkpointing.loop_segments import (  # noqa: F401 - the tests read two here
-    _dividing_segment_length, _segment_length, _sizes, _static_int, _steps_estimate)
+    dividing_segment_length, segment_length, loop_sizes, static_int, steps_estimate)
 from memgrad._src.checkpointing.loop_second_order import differentiable_again
 from memgrad._src.graph.kernels import called_functions
 
@@ -228,25 +229,25 @@ class LoopGradients:
         if stateful is not None:
             return "kept", 0, (f"its body runs the stateful op {stateful[0]} "
                                f"('{stateful[1]}'), which a second run would not repeat")
-        if _static_int(op.inputs[0]) != 0:
+        if static_int(op.inputs[0]) != 0:
             return "replay", 0, "its step counter does not start at zero"
         body = tf_internals.while_function_graph(op, "body", "_body_graph")
         kinds, reason = _variable_kinds(op, body, grads)
         if kinds is None:
             return "replay", 0, reason
-        bound = _static_int(op.inputs[1])
+        bound = static_int(op.inputs[1])
         if bound is not None and bound < 0:
             bound = None
         if bound is not None and bound < MIN_SEGMENTED_STEPS:
             return "replay", 0, f"it runs at most {bound} steps"
-        sizes = _sizes(body, kinds)
+        sizes = loop_sizes(body, kinds)
         if not self.xla:
-            return "segments", _segment_length(bound or _steps_estimate(op), *sizes), ""
+            return "segments", segment_length(bound or steps_estimate(op), *sizes), ""
         # XLA sizes every list at compile time: each segment replays a fixed k steps (its
         # own condition stops it where the forward stopped), so k must divide the bound.
         if bound is None:
             return "replay", 0, "under XLA, segments need a static bound on its steps"
-        length = _dividing_segment_length(bound, *sizes)
+        length = dividing_segment_length(bound, *sizes)
         if length is None:
             return "replay", 0, (f"under XLA, segments need a segment length dividing its "
                                  f"{bound} steps near the best length")
@@ -255,9 +256,9 @@ class LoopGradients:
     # ------------------------------------------------------------------ replay
     def _replayed(self, op, grads):
         """Differentiates a copy of the whole loop that runs once the gradients arrive."""
-        inputs = _waiting(op.inputs, grads)
+        inputs = waiting_for(op.inputs, grads)
         attrs = dict(op.node_def.attr)
-        copy = _loop_copy(op, inputs, attrs, "memgrad_replay")
+        copy = loop_copy(op, inputs, attrs, "memgrad_replay")
         return list(tf_internals.while_gradient(copy, *grads))
 
     # ------------------------------------------------------------------ segments
@@ -272,11 +273,11 @@ class LoopGradients:
         states = [i for i, kind in enumerate(kinds) if kind == "state"]
         snapshots = self._keep_states(op, body, states, length, shapes)
         attrs = {
-            "T": _attr_types([t.dtype for t in original_inputs]),
-            "output_shapes": _attr_shapes(shapes),
+            "T": attr_types([t.dtype for t in original_inputs]),
+            "output_shapes": attr_shapes(shapes),
             "parallel_iterations": op.node_def.attr["parallel_iterations"],
-            "body": _attr_function(body_name),
-            "cond": _attr_function(condition),
+            "body": attr_function(body_name),
+            "cond": attr_function(condition),
             "_num_original_outputs": attr_value_pb2.AttrValue(i=count),
         }
         # Lowered to the executor's own frames where the forward loop is (much faster per
@@ -291,7 +292,7 @@ class LoopGradients:
 
         def segment(s, *incoming):
             # One segment: its kept state, its steps replayed, their gradient.
-            s, = _waiting([s], incoming)
+            s, = waiting_for([s], incoming)
             inputs = list(original_inputs)
             inputs[0] = tf.zeros([], inputs[0].dtype)
             if self.xla:  # a compile-time constant: the condition stops a last, short segment
@@ -300,10 +301,10 @@ class LoopGradients:
                 inputs[1] = tf.cast(tf.minimum(length, steps - s * length), inputs[1].dtype)
             for i, kept in zip(states, snapshots):
                 inputs[i] = tf.raw_ops.TensorListGetItem(
-                    input_handle=kept, index=s, element_shape=_shape_tensor(shapes[i]),
+                    input_handle=kept, index=s, element_shape=shape_tensor(shapes[i]),
                     element_dtype=inputs[i].dtype)
                 inputs[i].set_shape(shapes[i])
-            replay = _loop_copy(op, inputs, attrs, "memgrad_segment")
+            replay = loop_copy(op, inputs, attrs, "memgrad_segment")
             out_grads = [None] * count
             for i, grad in zip(chained, incoming):
                 out_grads[i] = grad
@@ -315,12 +316,12 @@ class LoopGradients:
                 grad = in_grads[i]
                 if grad is None:
                     grad = before if kinds[i] == "invariant" else tf.zeros_like(before)
-                following.append(_dense(grad))
+                following.append(densified(grad))
             return [s - 1] + following
 
         segments = (steps + (length - 1)) // length
         variables = [segments - 1] + initial
-        invariants = [tf.TensorShape([])] + [_relaxed(t) for t in initial]
+        invariants = [tf.TensorShape([])] + [relaxed_shape(t) for t in initial]
         results = tf.while_loop(
             lambda s, *_: s >= 0, segment, variables, shape_invariants=invariants,
             parallel_iterations=1, name="memgrad_segments")
@@ -340,15 +341,15 @@ class LoopGradients:
         """
         if not states:
             return []
-        bound = _static_int(op.inputs[1])
+        bound = static_int(op.inputs[1])
         slots = (bound - 1 + length - 1) // length + 1 if bound and bound > 0 else None
         graph = op.graph
         empty = []
         with graph.as_default(), tf_internals.clear_control_inputs():
-            with graph.device(op.device) if op.device else _nothing():
+            with graph.device(op.device) if op.device else contextlib.nullcontext():
                 for i in states:
                     empty.append(tf.raw_ops.TensorListReserve(
-                        element_shape=_shape_tensor(shapes[i]),
+                        element_shape=shape_tensor(shapes[i]),
                         num_elements=slots if slots is not None else 0,
                         element_dtype=op.inputs[i].dtype, name="memgrad_kept_states"))
         condition = tf_internals.while_function_graph(op, "cond", "_cond_graph")
@@ -394,9 +395,9 @@ class LoopGradients:
             args = [step, limit] + list(rest)
             own = tf.compat.v1.get_default_graph().create_op(
                 "PartitionedCall", args, [tf.bool], name="loop_cond", attrs={
-                    "f": _attr_function(original),
-                    "Tin": _attr_types([t.dtype for t in args]),
-                    "Tout": _attr_types([tf.bool]),
+                    "f": attr_function(original),
+                    "Tin": attr_types([t.dtype for t in args]),
+                    "Tout": attr_types([tf.bool]),
                 })
             return tf.logical_and(going, tf.reshape(own.outputs[0], []))
 
@@ -437,13 +438,13 @@ class LoopGradients:
                 if t.dtype == tf.resource:
                     grad = tf_internals.while_zeros_like(t, op.outputs[i])
                 elif t.dtype == tf.variant:
-                    grad = _empty_like_list(t, body.inputs[i])
+                    grad = empty_like_list(t, body.inputs[i])
                 else:
                     grad = tf.zeros_like(t)
             if grad is None:
                 continue
             chained.append(i)
-            initial.append(_dense(grad))
+            initial.append(densified(grad))
         return chained, initial, fixed
 
 

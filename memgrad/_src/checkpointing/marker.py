@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from memgrad._src.checkpointing.api import checkpoint
+from memgrad._src.checkpointing.api import mark_checkpoint
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
@@ -18,7 +18,7 @@ class Checkpoint(keras.layers.Layer):
     """
 
     def call(self, inputs):
-        return tf.nest.map_structure(checkpoint, inputs)
+        return tf.nest.map_structure(mark_checkpoint, inputs)
 
     def compute_output_shape(self, input_shape):
         return input_shape

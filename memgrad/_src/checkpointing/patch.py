@@ -6,7 +6,7 @@ import threading
 
 import tensorflow as tf
 
-from memgrad._src.checkpointing.api import _TF_GRADIENTS_V1, _TF_GRADIENTS_V2, gradients
+from memgrad._src.checkpointing.api import TF_GRADIENTS_V1, TF_GRADIENTS_V2, gradients
 from memgrad._src.checkpointing.strategies import as_strategy
 
 _patch_lock = threading.Lock()
@@ -33,7 +33,7 @@ def _public_gradient_aliases():
         if name.startswith("tensorflow.python") or name.startswith("tensorflow.core"):
             continue
         function = getattr(module, "__dict__", {}).get("gradients")
-        if function is _TF_GRADIENTS_V1 or function is _TF_GRADIENTS_V2:
+        if function is TF_GRADIENTS_V1 or function is TF_GRADIENTS_V2:
             seen.add(id(module))
             yield name, module, function
 

@@ -8,10 +8,10 @@ strategies choose them (`memgrad._src.checkpointing.strategies` holds the strate
   uniform chain of n layers that is about sqrt(n) checkpoints.
 - `speed_plan`: the inputs and outputs of expensive ops (matrix products, convolutions,
   einsum), so only cheap ops are recomputed.
-- `collection_plan`: the tensors marked with `memgrad.checkpoint(t)` or the `Checkpoint`
+- `collection_plan`: the tensors marked with `memgrad.mark_checkpoint(t)` or the `Checkpoint`
   layer.
 - `list_plan`: the tensors given (a checkpoint that only feeds a bias addition is moved past
-  it, see `_absorb_bias`).
+  it, see `absorb_bias`).
 """
 
 import dataclasses
@@ -66,7 +66,7 @@ class CheckpointPlan:
 _BIAS_TYPES = frozenset({"BiasAdd", "Add", "AddV2"})
 
 
-def _absorb_bias(view, tensors):
+def absorb_bias(view, tensors):
     """Move each checkpoint that only feeds a bias addition to that addition's output.
 
     Keeping `conv(x)` and recomputing `conv(x) + b` from it costs the same memory as
@@ -105,7 +105,7 @@ def _plan_estimate(profile, cuts):
     return kept + largest, kept
 
 
-def _cuts_for(profile, segments):
+def cuts_for(profile, segments):
     produced, live = profile.produced, profile.live
     n = len(produced)
     total = float(produced[-1])
@@ -139,7 +139,7 @@ def memory_cuts(profile):
     if n >= 3 and total > 0:
         max_segments = min(n, 2 * int(math.isqrt(n)) + 3)
         for segments in range(2, max_segments + 1):
-            cuts = _cuts_for(profile, segments)
+            cuts = cuts_for(profile, segments)
             if not cuts:
                 continue
             estimate, _ = _plan_estimate(profile, cuts)
@@ -167,7 +167,7 @@ def memory_plan(view):
         for t in profile.cut(c):
             chosen.setdefault(t.ref(), t)
     order = {op: i for i, op in enumerate(profile.ops)}
-    tensors = _absorb_bias(view, list(chosen.values()))
+    tensors = absorb_bias(view, list(chosen.values()))
     tensors.sort(key=lambda t: (order.get(t.op, -1), t.value_index))
     return CheckpointPlan(
         mode="memory", tensors=tensors, separators=separators, segments=len(cuts) + 1,
@@ -177,7 +177,7 @@ def memory_plan(view):
 
 def _plan_from_tensors(view, mode, tensors, absorb=True):
     if absorb:
-        tensors = _absorb_bias(view, tensors)
+        tensors = absorb_bias(view, tensors)
     profile = cut_profile(view)
     total = float(profile.produced[-1]) if len(profile.ops) else 0.0
     position = {op: i for i, op in enumerate(profile.ops)}
@@ -236,7 +236,7 @@ def speed_plan(view):
         # bookkeeping would cost about what it saves.
         plan_tensors = []
     # No bias absorption here: with its inputs kept, an expensive op is not copied, so its
-    # gradient and its bias's cannot be split across gated segments (see _absorb_bias).
+    # gradient and its bias's cannot be split across gated segments (see absorb_bias).
     plan = _plan_from_tensors(view, "speed", plan_tensors, absorb=False)
     plan.loops = "kept"  # a loop's steps are not recomputed either
     if not plan_tensors:
@@ -308,7 +308,7 @@ def _cheap_region_saved(view, tensor, saved, kept):
 
 
 def collection_plan(view, collection=COLLECTION):
-    """Keep the tensors marked with `memgrad.checkpoint` that lie in this forward pass.
+    """Keep the tensors marked with `memgrad.mark_checkpoint` that lie in this forward pass.
 
     A graph with no marked tensor at all is the caller's mistake (ValueError). Marks that
     all lie off this call's paths (a gradient of a gradient, whose marks are in the first
@@ -320,7 +320,7 @@ def collection_plan(view, collection=COLLECTION):
     if not marked:
         raise ValueError(
             "checkpoints='collection' found no marked tensor between xs and ys. Mark "
-            "tensors with memgrad.checkpoint(t) or the memgrad.layers.Checkpoint layer "
+            "tensors with memgrad.mark_checkpoint(t) or the memgrad.layers.Checkpoint layer "
             "inside the traced function. Received: 0 marked tensors in the graph."
         )
     return _plan_from_tensors(view, "collection", tensors)

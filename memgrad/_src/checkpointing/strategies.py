@@ -115,14 +115,14 @@ class Speed(Strategy):
 
 
 class Collection(Strategy):
-    """Keep the tensors marked with `memgrad.checkpoint` or the `memgrad.layers.Checkpoint` layer.
+    """Keep the tensors marked with `memgrad.mark_checkpoint` or the `memgrad.layers.Checkpoint` layer.
 
     Args:
       collection: the graph collection holding the marks (default ``"checkpoints"``).
 
     Example:
       ```python
-      h = memgrad.checkpoint(tf.tanh(x @ w))
+      h = memgrad.mark_checkpoint(tf.tanh(x @ w))
       grads = memgrad.gradients(loss, [w], checkpoints=memgrad.strategies.Collection())
       ```
     """

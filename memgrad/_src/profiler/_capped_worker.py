@@ -19,9 +19,9 @@ def call_capped(target, kwargs, explain=False, k=10):
     try:
         function(**kwargs)
     except tf.errors.ResourceExhaustedError as error:
-        from memgrad._src.profiler.oom import _first_line
+        from memgrad._src.profiler.oom import first_line
 
-        result = {"status": "oom", "message": _first_line(error)}
+        result = {"status": "oom", "message": first_line(error)}
     else:
         # The peak since the process started (not a MemoryWindow: reading the statistics
         # before the call would start TensorFlow's runtime before the target configures it).

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.names import BACKWARD_SCOPES, layer_of
-from memgrad._src.profiler.measure import _memory_info, _sync, prepare_call
+from memgrad._src.profiler.measure import memory_info, sync_devices, prepare_call
 from memgrad._src.units import format_bytes
 
 
@@ -256,7 +256,7 @@ def replay(events, k):
                        other_bytes=max(peak_usage - sum(t.bytes for t in tensors), 0))
 
 
-def _profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
+def profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
     """Runs ``fn`` ``warmup`` times, then once under TensorFlow's profiler.
 
     Returns:
@@ -271,13 +271,13 @@ def _profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
         with tf.device(device):
             for _ in range(warmup):
                 fn(*args, **kwargs)
-            _sync()
+            sync_devices()
             gc.collect()
-            baseline = int(_memory_info(device)["current"])
+            baseline = int(memory_info(device)["current"])
             tf.profiler.experimental.start(logdir)
             try:
                 fn(*args, **kwargs)
-                _sync()
+                sync_devices()
             except tf.errors.ResourceExhaustedError as oom:
                 if raise_oom:
                     raise
@@ -299,7 +299,7 @@ def _profiled_call(fn, args, kwargs, device, warmup, raise_oom=True):
     return events, baseline, error
 
 
-def _check_call(fn, args, kwargs, k, device, name):
+def check_call(fn, args, kwargs, k, device, name):
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"Expected k to be an int >= 1. Received: {k!r}")
     return prepare_call(fn, args, kwargs, device, name)
@@ -338,8 +338,8 @@ def largest_live_tensors(fn, args=(), kwargs=None, *, k=10, device=None, warmup=
       >>> top.tensors[0].shape
       '[512,512]'
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "largest_live_tensors")
-    events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
+    args, kwargs, device = check_call(fn, args, kwargs, k, device, "largest_live_tensors")
+    events, baseline, _ = profiled_call(fn, args, kwargs, device, warmup)
     return dataclasses.replace(replay(events, k), baseline_bytes=baseline)
 
 
@@ -352,7 +352,7 @@ def _shape_text(variable) -> str:
     return "[" + ",".join(str(int(d)) for d in variable.shape) + "]"
 
 
-def _categorize(events, baseline, weights, optimizer_variables, device, k):
+def categorize(events, baseline, weights, optimizer_variables, device, k):
     """`MemoryCategories` of a profiled call: its allocation ``events`` replayed to the peak,
     the usage ``baseline`` before it, and the caller's ``weights`` and ``optimizer_variables``."""
     peak_usage, alive, released, survivors = _replay_live(events)
@@ -390,7 +390,7 @@ def _categorize(events, baseline, weights, optimizer_variables, device, k):
         tensors=tuple(labelled[:k]))
 
 
-def _variables(weights, optimizer_variables):
+def checked_variables(weights, optimizer_variables):
     """``weights`` and ``optimizer_variables`` as lists, or a `TypeError` naming the bad one."""
     checked = []
     for values, what in ((weights, "weights"), (optimizer_variables, "optimizer_variables")):
@@ -448,9 +448,9 @@ def memory_by_category(fn, args=(), kwargs=None, *, weights=(), optimizer_variab
       >>> split.activations > 0 and split.weights == 4 * (64 * 64 + 64 + 64 + 1)
       True
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "memory_by_category")
-    weights, optimizer_variables = _variables(weights, optimizer_variables)
-    events, baseline, _ = _profiled_call(fn, args, kwargs, device, warmup)
-    return _categorize(events, baseline, weights, optimizer_variables, device, k)
+    args, kwargs, device = check_call(fn, args, kwargs, k, device, "memory_by_category")
+    weights, optimizer_variables = checked_variables(weights, optimizer_variables)
+    events, baseline, _ = profiled_call(fn, args, kwargs, device, warmup)
+    return categorize(events, baseline, weights, optimizer_variables, device, k)
 
 

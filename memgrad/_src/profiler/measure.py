@@ -61,7 +61,7 @@ def resolve_device(device=None) -> str:
     return name
 
 
-def _memory_info(device: str) -> dict:
+def memory_info(device: str) -> dict:
     try:
         return allocator_statistics(device)
     except (ValueError, tf.errors.OpError) as error:
@@ -127,7 +127,7 @@ def onednn_enabled() -> bool:
     return bool(tf_internals.onednn_enabled())
 
 
-def _sync() -> None:
+def sync_devices() -> None:
     # Kernels launch asynchronously on GPU: wait for them before reading the clock.
     sync = getattr(getattr(tf.test, "experimental", None), "sync_devices", None)
     if sync is not None and tf.config.list_logical_devices("GPU"):
@@ -143,7 +143,7 @@ def prepare_call(fn, args, kwargs, device, name="measure"):
     args = positional_args(args)
     kwargs = dict(kwargs or {})
     device = resolve_device(device)
-    _memory_info(device)
+    memory_info(device)
     _warn_if_coarse(device)
     return args, kwargs, device
 
@@ -183,7 +183,7 @@ def memory_window(device=None) -> MemoryWindow:
       (True, True)
     """
     device = resolve_device(device)
-    _memory_info(device)
+    memory_info(device)
     _warn_if_coarse(device)
     return MemoryWindow(device)
 
@@ -231,7 +231,7 @@ def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) 
     with tf.device(device):
         for _ in range(warmup):
             result = fn(*args, **kwargs)
-            _sync()
+            sync_devices()
             del result
         gc.collect()
 
@@ -240,7 +240,7 @@ def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) 
             with MemoryWindow(device) as window:
                 start = time.perf_counter()
                 result = fn(*args, **kwargs)
-                _sync()
+                sync_devices()
                 seconds = time.perf_counter() - start
             del result
             gc.collect()

@@ -11,7 +11,7 @@ import re
 import tensorflow as tf
 
 from memgrad._src.profiler.live import (
-    MemoryCategories, _categorize, _check_call, _profiled_call, _variables)
+    MemoryCategories, categorize, check_call, profiled_call, checked_variables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,7 @@ _OOM_REQUEST = re.compile(r"OOM when allocating tensor with shape\s*\[[^\]]*\] a
 _OOM_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 
-def _first_line(error) -> str:
+def first_line(error) -> str:
     """The failed request (and the op that made it) from TensorFlow's error text, in one line."""
     text = str(getattr(error, "message", None) or error).strip()
     request, node = _OOM_REQUEST.search(text), _OOM_NODE.search(text)
@@ -100,13 +100,13 @@ def oom_report(fn, args=(), kwargs=None, *, k=10, device=None, weights=(), optim
       >>> report is None  # it fits
       True
     """
-    args, kwargs, device = _check_call(fn, args, kwargs, k, device, "oom_report")
-    weights, optimizer_variables = _variables(weights, optimizer_variables)
-    events, baseline, error = _profiled_call(fn, args, kwargs, device, warmup, raise_oom=False)
+    args, kwargs, device = check_call(fn, args, kwargs, k, device, "oom_report")
+    weights, optimizer_variables = checked_variables(weights, optimizer_variables)
+    events, baseline, error = profiled_call(fn, args, kwargs, device, warmup, raise_oom=False)
     if error is None:
         return None
-    memory = _categorize(events, baseline, weights, optimizer_variables, device, k)
-    return OutOfMemoryReport(device=device, message=_first_line(error), memory=memory)
+    memory = categorize(events, baseline, weights, optimizer_variables, device, k)
+    return OutOfMemoryReport(device=device, message=first_line(error), memory=memory)
 
 
 def explain_oom(fn=None, *, k=10, device=None, weights=(), optimizer_variables=()):

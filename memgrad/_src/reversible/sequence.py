@@ -14,10 +14,10 @@ from memgrad._src.recompute import gate
 from memgrad._src.replay import ReplayScope, snapshot
 from memgrad._src.reversible.base import ReversibleBlock, add_gradients, forward_output, layer_name
 from memgrad._src.reversible.monitor import DriftMonitor
-from memgrad._src.reversible.replay import check_replayable
+from memgrad._src.reversible.replay_check import check_replayable
 from memgrad._src.reversible.stack_checks import (
-    _as_block, _invertible_dtype, _positive_number, _relative_error, _sources_per_block,
-    _stack_dtype)
+    as_block, checked_invertible_dtype, positive_number, relative_error, sources_per_block,
+    stack_dtype)
 
 
 # The relative error ``max|inverse(forward(x)) - x| / max|x|`` a correct block may show, by the
@@ -147,20 +147,20 @@ class ReversibleSequence(keras.layers.Layer):
         blocks = list(blocks)
         if not blocks:
             raise ValueError("ReversibleSequence needs at least one block. Received: []")
-        blocks = [_as_block(block, index) for index, block in enumerate(blocks)]
-        kwargs["dtype"] = _stack_dtype(blocks, kwargs.get("dtype"))
+        blocks = [as_block(block, index) for index, block in enumerate(blocks)]
+        kwargs["dtype"] = stack_dtype(blocks, kwargs.get("dtype"))
         super().__init__(**kwargs)
         self.blocks = blocks
         self.return_logdet = bool(return_logdet)
         self.check_reconstruction = bool(check_reconstruction)
-        self.reconstruction_tolerance = _positive_number("reconstruction_tolerance",
+        self.reconstruction_tolerance = positive_number("reconstruction_tolerance",
                                                          reconstruction_tolerance)
         if not isinstance(verify_inverse, bool):
-            verify_inverse = _positive_number("verify_inverse", verify_inverse)
+            verify_inverse = positive_number("verify_inverse", verify_inverse)
         self.verify_inverse = verify_inverse
         self._inverse_verified = False
         self.plain_backprop = bool(plain_backprop)
-        self.invertible_dtype = _invertible_dtype(blocks, invertible_dtype, self.compute_dtype)
+        self.invertible_dtype = checked_invertible_dtype(blocks, invertible_dtype, self.compute_dtype)
         # What get_config saves: "auto" follows the compute dtype of the stack it is loaded into.
         self._invertible_dtype_config = "auto" if invertible_dtype in (None, "auto") else self.invertible_dtype
         if drift_monitor is True:
@@ -308,7 +308,7 @@ class ReversibleSequence(keras.layers.Layer):
                           if id(v) in assigned and id(v) not in replayed]
                 with ReplayScope(state):
                     rebuilt = block.inverse(y, training=False)
-                error = _relative_error(rebuilt, h)
+                error = relative_error(rebuilt, h)
                 if not math.isfinite(error):
                     break  # activations overflowed or the input holds NaN/inf: no verdict
                 if error > tolerance:
@@ -363,7 +363,7 @@ class ReversibleSequence(keras.layers.Layer):
                 d_h = tf.zeros_like(output) if d_output is None else tf.cast(d_output, output.dtype)
                 d_logdet = tf.zeros_like(logdet) if d_logdet is None else tf.cast(d_logdet, logdet.dtype)
                 variable_grads = [None] * len(variables)
-                sources = _sources_per_block(blocks, variables)
+                sources = sources_per_block(blocks, variables)
                 h, done = output, [d_h]
                 drifts, nonfinite = [], []
                 for index in reversed(range(len(blocks))):

@@ -22,7 +22,7 @@ def _variable_keys(block):
     return keys
 
 
-def _sources_per_block(blocks, variables):
+def sources_per_block(blocks, variables):
     """For each block, the indices of ``variables`` it may need gradients for.
 
     Giving each block's tape only its own variables keeps tracing linear in
@@ -38,7 +38,7 @@ def _sources_per_block(blocks, variables):
     return [sorted(indices + unclaimed) for indices in owned]
 
 
-def _as_block(candidate, index):
+def as_block(candidate, index):
     if isinstance(candidate, ReversibleBlock):
         return candidate
     try:
@@ -66,7 +66,7 @@ def _networks_dtype(blocks):
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def _stack_dtype(blocks, dtype):
+def stack_dtype(blocks, dtype):
     """The stack's dtype: ``dtype`` if given, else the one its bijectors fix (float64 flows).
 
     Without ``dtype`` and without such bijectors, a stack whose blocks' networks all compute
@@ -112,7 +112,7 @@ _AUTO_INVERTIBLE_DTYPES = {"float16": "float32", "bfloat16": "float32", "float32
                            "float64": "float64"}
 
 
-def _invertible_dtype(blocks, requested, compute_dtype):
+def checked_invertible_dtype(blocks, requested, compute_dtype):
     """The dtype the stack carries between its blocks: ``requested``, or the "auto" choice.
 
     "auto" widens float16/bfloat16 to float32 and float32 to float64 when every block accepts
@@ -144,7 +144,7 @@ def _invertible_dtype(blocks, requested, compute_dtype):
     return name
 
 
-def _positive_number(name, value, allow_bool=False):
+def positive_number(name, value, allow_bool=False):
     """``value`` as a positive finite float, or a ValueError naming ``name``."""
     valid = (isinstance(value, (int, float)) and (allow_bool or not isinstance(value, bool))
              and math.isfinite(float(value)) and float(value) > 0)
@@ -156,7 +156,7 @@ def _positive_number(name, value, allow_bool=False):
     return float(value)
 
 
-def _relative_error(rebuilt, original):
+def relative_error(rebuilt, original):
     """``max|rebuilt - original| / max|original|`` as a Python float (NaN if either is not finite)."""
     original = tf.cast(original, tf.float64)
     error = tf.reduce_max(tf.abs(tf.cast(rebuilt, tf.float64) - original))

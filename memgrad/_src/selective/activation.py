@@ -7,8 +7,8 @@ import math
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.relu import _masked_relu_forward, masked_relu
-from memgrad._src.selective.tape import LeanLayer, lean_apply
+from memgrad._src.selective.relu import masked_relu_forward, masked_relu
+from memgrad._src.selective.lean_layer import LeanLayer, lean_apply
 
 
 def _gelu_slope(x, approximate):
@@ -76,7 +76,7 @@ def _lean_version(activation):
     """``(function, forward)`` of ``activation``'s memgrad version, or None if there is none:
     the function (`masked_relu`, `lean_gelu`) and its ``forward(x) -> (y, backward)``."""
     if activation is keras.activations.relu:
-        return masked_relu, lambda x: _masked_relu_forward(x, None)
+        return masked_relu, lambda x: masked_relu_forward(x, None)
     if activation is keras.activations.gelu:
         return _gelu_exact, lambda x: _lean_gelu_forward(x, approximate=False)
     if _is_keras_hub_gelu_approximate(activation):
@@ -131,7 +131,7 @@ class Activation(LeanLayer, keras.layers.Activation):
                              f"Received: activation={name!r}")
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_forward(self, inputs, wanted):
         return _lean_version(self.activation)[1](inputs)

@@ -8,43 +8,13 @@ import inspect
 import keras
 
 from memgrad._src import tf_internals
-from memgrad._src.selective.activation import Activation
-from memgrad._src.selective.depthwise import DepthwiseConv2D, SeparableConv2D
-from memgrad._src.selective.dropout import Dropout
-from memgrad._src.selective.einsum import EinsumDense
-from memgrad._src.selective.embedding import Embedding
-from memgrad._src.selective.linear import Conv1D, Conv2D, Conv2DTranspose, Conv3D, Dense
-from memgrad._src.selective.merging import Add, Concatenate, ZeroPadding2D
-from memgrad._src.selective.normalization import BatchNormalization, LayerNormalization
-from memgrad._src.selective.pooling import AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D
-from memgrad._src.selective.relu import ReLU
+from memgrad._src.selective import registry
 from memgrad._src.selective.functional import LeanFunctional
 from memgrad._src.selective.sequential import LeanSequential
 
 # Exact Keras class -> memgrad replacement (subclasses of Keras layers are left alone:
 # they may override call()).
-REPLACEMENTS = {
-    keras.layers.Dense: Dense,
-    keras.layers.Conv1D: Conv1D,
-    keras.layers.Conv2D: Conv2D,
-    keras.layers.Conv3D: Conv3D,
-    keras.layers.Conv2DTranspose: Conv2DTranspose,
-    keras.layers.MaxPooling2D: MaxPooling2D,
-    keras.layers.Dropout: Dropout,
-    keras.layers.BatchNormalization: BatchNormalization,
-    keras.layers.ReLU: ReLU,
-    keras.layers.Activation: Activation,
-    keras.layers.DepthwiseConv2D: DepthwiseConv2D,
-    keras.layers.SeparableConv2D: SeparableConv2D,
-    keras.layers.EinsumDense: EinsumDense,
-    keras.layers.Embedding: Embedding,
-    keras.layers.LayerNormalization: LayerNormalization,
-    keras.layers.GlobalAveragePooling2D: GlobalAveragePooling2D,
-    keras.layers.AveragePooling2D: AveragePooling2D,
-    keras.layers.ZeroPadding2D: ZeroPadding2D,
-    keras.layers.Add: Add,
-    keras.layers.Concatenate: Concatenate,
-}
+REPLACEMENTS = {registry.keras_counterpart(layer): layer for layer in registry.LAYERS}
 
 # Why a layer with no memgrad version keeps no more than it needs (or what it keeps).
 NOT_NEEDED = {
@@ -202,7 +172,7 @@ def convert(model, return_report=False):
     """Returns a copy of ``model`` with memgrad's selective-differentiation layers swapped in.
 
     Every layer of a type in ``REPLACEMENTS`` (``Dense``, ``EinsumDense``,
-    ``Conv1D/2D/3D``, ``Conv2DTranspose``, ``DepthwiseConv2D``,
+    ``Conv1D``, ``Conv2D``, ``Conv3D``, ``Conv2DTranspose``, ``DepthwiseConv2D``,
     ``SeparableConv2D``, ``BatchNormalization``, ``LayerNormalization``, ``ReLU``,
     ``Activation`` (relu, gelu), ``MaxPooling2D``, ``AveragePooling2D``,
     ``GlobalAveragePooling2D``, ``ZeroPadding2D``, ``Add``, ``Concatenate``,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.linear import SelectiveLinear, _reject_unsupported
+from memgrad._src.selective.linear import SelectiveLinear, reject_unsupported
 from memgrad._src.selective.relu import share_kept_input
 
 
@@ -23,7 +23,7 @@ class DepthwiseConv2D(SelectiveLinear, keras.layers.DepthwiseConv2D):
     """
 
     def _check_supported(self):
-        _reject_unsupported(self, "any depth_multiplier", [])
+        reject_unsupported(self, "any depth_multiplier", [])
 
     def _input_gradient(self, d_pre, kernel, input_shape):
         return tf.nn.depthwise_conv2d_backprop_input(
@@ -51,7 +51,7 @@ class SeparableConv2D(SelectiveLinear, keras.layers.SeparableConv2D):
     """
 
     def _check_supported(self):
-        _reject_unsupported(self, "any depth_multiplier", [])
+        reject_unsupported(self, "any depth_multiplier", [])
 
     def lean_weights(self):
         return [self.depthwise_kernel, self.pointwise_kernel] + ([self.bias] if self.use_bias else [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import LeanLayer
+from memgrad._src.selective.lean_layer import LeanLayer
 
 
 def _as_int32_seed(seed):
@@ -27,7 +27,7 @@ class Dropout(LeanLayer, keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
-        return self._lean_call(inputs, training=training)
+        return self.lean_call(inputs, training=training)
 
     def lean_applies(self, inputs, training=False):
         return bool(training) and 0.0 < self.rate < 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import LeanLayer, computed_weights
+from memgrad._src.selective.lean_layer import LeanLayer, computed_weights
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
@@ -26,7 +26,7 @@ class Embedding(LeanLayer, keras.layers.Embedding):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs):
         return not computed_weights(self)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from memgrad._src.selective.activation import apply_activation
 from memgrad._src.selective.relu import share_kept_input
-from memgrad._src.selective.tape import LeanLayer, computed_weights
+from memgrad._src.selective.lean_layer import LeanLayer, computed_weights
 
 
 class SelectiveLinear(LeanLayer):
@@ -56,7 +56,7 @@ class SelectiveLinear(LeanLayer):
             # A LoRA or quantized kernel is not one variable, and graph gradients already
             # prune unneeded inputs: Keras's computation, activation included.
             return super().call(inputs)
-        return apply_activation(self.activation, self._lean_call(inputs))
+        return apply_activation(self.activation, self.lean_call(inputs))
 
     def lean_backward(self, inputs, pre, wanted):
         kept_input = inputs if wanted.weights else None  # the input, for the kernel gradient
@@ -100,7 +100,7 @@ class Dense(SelectiveLinear, keras.layers.Dense):
         return tf.matmul(flat_in, tf.cast(flat_d, flat_in.dtype), transpose_a=True)
 
 
-def _reject_unsupported(layer, extra_requirement, extra_problems):
+def reject_unsupported(layer, extra_requirement, extra_problems):
     """Raises ValueError naming every convolution setting the selective backward does not handle."""
     problems = []
     if layer.data_format != "channels_last":
@@ -122,7 +122,7 @@ class SelectiveConv(SelectiveLinear):
     """Shared backward of Conv1D/2D/3D (channels-last, 'valid'/'same' padding, groups=1, no dilation)."""
 
     def _check_supported(self):
-        _reject_unsupported(self, "groups=1", [f"groups={self.groups}"] if self.groups != 1 else [])
+        reject_unsupported(self, "groups=1", [f"groups={self.groups}"] if self.groups != 1 else [])
 
     def _spatial(self, values):
         return [1] + list(values) + [1]
@@ -182,7 +182,7 @@ class Conv2DTranspose(SelectiveLinear, keras.layers.Conv2DTranspose):
 
     def _check_supported(self):
         extra = [] if self.output_padding is None else [f"output_padding={self.output_padding!r}"]
-        _reject_unsupported(self, "output_padding=None", extra)
+        reject_unsupported(self, "output_padding=None", extra)
 
     # y = conv_transpose(x, K) is the input-gradient of a convolution by K, so its
     # own input gradient is that convolution, and its kernel gradient swaps roles.

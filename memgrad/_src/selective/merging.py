@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import LeanLayer
+from memgrad._src.selective.lean_layer import LeanLayer
 
 
 class _LeanMerge(LeanLayer):
@@ -14,7 +14,7 @@ class _LeanMerge(LeanLayer):
     same_shape = False  # whether the lean path needs every input of one shape
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs, **kwargs):
         if not isinstance(inputs, list):
@@ -67,7 +67,7 @@ class ZeroPadding2D(LeanLayer, keras.layers.ZeroPadding2D):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_backward(self, inputs, outputs, wanted):
         (top, _), (left, _) = self.padding

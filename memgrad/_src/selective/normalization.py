@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from memgrad._src.selective.relu import share_kept_input
-from memgrad._src.selective.tape import LeanLayer
+from memgrad._src.selective.lean_layer import LeanLayer
 
 
 def _scale_and_offset(layer):
@@ -32,7 +32,7 @@ class BatchNormalization(LeanLayer, keras.layers.BatchNormalization):
     """
 
     def call(self, inputs, training=None, mask=None):
-        return self._lean_call(inputs, training=training, mask=mask)
+        return self.lean_call(inputs, training=training, mask=mask)
 
     def lean_applies(self, inputs, training=None, mask=None):
         last_axis = self.axis in (-1, inputs.shape.rank - 1, [-1], [inputs.shape.rank - 1])
@@ -93,7 +93,7 @@ class LayerNormalization(LeanLayer, keras.layers.LayerNormalization):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs):
         return not self.rms_scaling

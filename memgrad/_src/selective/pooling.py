@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import LeanLayer
+from memgrad._src.selective.lean_layer import LeanLayer
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
@@ -22,7 +22,7 @@ class MaxPooling2D(LeanLayer, keras.layers.MaxPooling2D):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs, **kwargs):
         return self.data_format == "channels_last"
@@ -60,7 +60,7 @@ class GlobalAveragePooling2D(LeanLayer, keras.layers.GlobalAveragePooling2D):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs, **kwargs):
         return _channels_last_2d(self, inputs)
@@ -88,7 +88,7 @@ class AveragePooling2D(LeanLayer, keras.layers.AveragePooling2D):
     """
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs, **kwargs):
         return _channels_last_2d(self, inputs)

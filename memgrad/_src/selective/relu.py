@@ -7,7 +7,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.tape import LeanLayer, lean_apply
+from memgrad._src.selective.lean_layer import LeanLayer, lean_apply
 
 
 class _SavedForRelu:
@@ -47,7 +47,7 @@ def _relu(x, max_value):
     return tf.nn.relu(x) if max_value is None else keras.activations.relu(x, max_value=max_value)
 
 
-def _masked_relu_forward(x, max_value):
+def masked_relu_forward(x, max_value):
     """``(relu(x), backward)``: the backward keeps the mask, or the output once a consumer keeps it."""
     y = _relu(x, max_value)
     saved = _SavedForRelu(x > 0 if max_value is None else (y > 0) & (y < max_value))
@@ -87,7 +87,7 @@ def masked_relu(x, max_value=None):
       array([0., 2.], dtype=float32)
     """
     return lean_apply("memgrad_MaskedRelu", x, lambda t: _relu(t, max_value),
-                      lambda t: _masked_relu_forward(t, max_value))
+                      lambda t: masked_relu_forward(t, max_value))
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
@@ -109,10 +109,10 @@ class ReLU(LeanLayer, keras.layers.ReLU):
                              f"negative_slope={self.negative_slope}, threshold={self.threshold}")
 
     def call(self, inputs):
-        return self._lean_call(inputs)
+        return self.lean_call(inputs)
 
     def lean_applies(self, inputs):
         return self.negative_slope == 0 and self.threshold == 0
 
     def lean_forward(self, inputs, wanted):
-        return _masked_relu_forward(inputs, self.max_value)
+        return masked_relu_forward(inputs, self.max_value)

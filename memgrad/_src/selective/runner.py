@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.selective.tape import is_watched, stop_recording
+from memgrad._src.selective.lean_layer import is_watched, stop_recording
 
 
 def _tensors(structure):

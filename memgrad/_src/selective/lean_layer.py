@@ -102,7 +102,7 @@ class LeanLayer:
     The backward function, ``backward(d_outputs) -> list``, returns one gradient (or
     ``None``) per input tensor (per element of a list input) and then, when
     ``wanted.weights``, one per variable of `lean_weights`, in order. Subclasses call
-    `_lean_call` from their ``call``, whose signature Keras reads; a layer that keeps
+    `lean_call` from their ``call``, whose signature Keras reads; a layer that keeps
     its input for its backward calls `share_kept_input` on it, so a masked ReLU before
     it need not keep a mask too.
     """
@@ -130,7 +130,9 @@ class LeanLayer:
         """The backward function (see the class docstring), capturing only what it needs."""
         raise NotImplementedError(f"{type(self).__name__} must define lean_backward or lean_forward")
 
-    def _lean_call(self, inputs, **kwargs):
+    def lean_call(self, inputs, **kwargs):
+        """Runs this call on the path the class docstring describes; a subclass's ``call``
+        returns ``self.lean_call(inputs, **kwargs)``."""
         if isinstance(inputs, (list, tuple)):
             inputs = [tf.convert_to_tensor(t) for t in inputs]
             tensors = list(inputs)
