@@ -7,6 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import benchmark  # noqa: E402
+from benchmarks import peers, report  # noqa: E402
 
 
 def _row(suite, time_ratio, memory_ratio=0.5, **extra):
@@ -79,12 +80,12 @@ def test_markdown_refuses_an_existing_file_before_any_suite_runs(tmp_path, monke
 
 def test_peer_rows_give_each_variants_fastest_and_slowest_round(monkeypatch):
     """A peers or loops row shows its time spread, not a median alone."""
-    monkeypatch.setattr(benchmark, "time_rounds",
+    monkeypatch.setattr(peers, "time_rounds",
                         lambda steps, x, rounds: {"plain": [0.010, 0.012, 0.030], "peer": [0.020, 0.021, 0.025]})
-    monkeypatch.setattr(benchmark, "_median_peak", lambda step, x: {"plain": 4.0, "peer": 2.0}[step] * 2**20)
-    rows = benchmark._peer_rows("a case", {"plain": "plain", "peer": "peer"}, None, 3)
+    monkeypatch.setattr(peers, "median_peak", lambda step, x: {"plain": 4.0, "peer": 2.0}[step] * 2**20)
+    rows = peers.peer_rows("a case", {"plain": "plain", "peer": "peer"}, None, 3)
     assert [row["ms_range"] for row in rows] == [(10.0, 30.0), (20.0, 25.0)]
     assert rows[1]["time_ratio"] == 0.021 / 0.012 and rows[1]["memory_ratio"] == 0.5
-    table = benchmark._variant_table(["intro"], rows)
+    table = report.variant_table(["intro"], rows)
     assert "ms/step: median (fastest-slowest round)" in table[3]
     assert table[-1] == "| a case | peer | 1.75x | 21.0 (20.0-25.0) | 0.50x | 2.0 |"

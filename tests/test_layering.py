@@ -169,6 +169,15 @@ print("ok", memgrad_zoo.__file__)
     assert os.path.join("models", "__init__.py") in done.stdout  # the repository folder, renamed
 
 
+def test_no_two_modules_of_the_implementation_share_a_file_name():
+    seen = {}
+    for directory, _, files in os.walk(os.path.join(ROOT, "memgrad", "_src")):
+        for name in files:
+            if name.endswith(".py") and name != "__init__.py":
+                seen.setdefault(name, []).append(os.path.relpath(os.path.join(directory, name), ROOT))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_no_module_imports_another_modules_private_names():
     """A module that needs a sibling's ``_private`` name is one idea cut in two: siblings talk
     through names without a leading underscore (under memgrad/_src those are still internal)."""
@@ -185,12 +194,22 @@ def test_no_module_imports_another_modules_private_names():
     assert private == [], private
 
 
+def test_memgrad_gradients_reads_as_its_steps():
+    """The entry point is at most 60 lines below its docstring: the steps, each a function."""
+    path = os.path.join(ROOT, "memgrad", "_src", "checkpointing", "api.py")
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    (function,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "gradients"]
+    assert ast.get_docstring(function)
+    lines = function.end_lineno - function.body[1].lineno + 1
+    assert lines <= 60, f"memgrad.gradients is {lines} lines below its docstring"
+
+
 MAX_MODULE_LINES = 500
 
 
-def test_no_module_of_the_library_or_the_zoo_is_over_500_lines():
+def test_no_module_of_the_library_the_zoo_or_the_scripts_is_over_500_lines():
     long = []
-    for folder in ("memgrad", "models"):
+    for folder in ("memgrad", "models", "scripts"):
         for directory, _, files in os.walk(os.path.join(ROOT, folder)):
             for name in files:
                 if name.endswith(".py"):

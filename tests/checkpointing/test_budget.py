@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import memgrad
 from memgrad._src.checkpointing.budget_planner import Planner, budget_curve
+from memgrad._src.checkpointing.budget_walk import BudgetWalk, next_candidate
 from memgrad._src.graph import ForwardGraph, MemoryModel, gradient_reads
 from tests.checkpointing.budget_workloads import sqrt_spacing
 from tests.checkpointing.budget_workloads import LAYER_OUTPUT, WORKLOADS
@@ -249,7 +250,7 @@ def test_budget_is_monotone_and_picks_the_cheapest_candidate_that_fits():
             # that recomputes less than the one kept (the walk up from the model's guess, or
             # a bisection where the model puts them all too far over).
             assert details["tried_bytes"][0] > details["target_bytes"]
-            tried = log[-1].plan._budget_walk.peaks  # candidate index -> its peak
+            tried = log[-1].plan.strategy_state.peak_by_candidate  # candidate index -> its peak
             assert all(peak > details["target_bytes"] for index, peak in tried.items()
                        if index < details["candidate"]), (tried, details["candidate"])
         chosen.append((fraction, details["predicted_bytes"], details["recomputed_flops"]))
@@ -579,24 +580,24 @@ def test_a_bisection_finds_the_cheapest_candidate_that_fits_in_few_measurements(
     from memgrad._src.checkpointing import budget as budget_module
 
     class FakePlan:
-        def __init__(self, index):
-            self.details = {"candidate": index}
+        def __init__(self, index, walk=None):
+            self.details, self.walk = {"candidate": index}, walk
 
     monkeypatch.setattr(budget_module.Budget, "_plan_for",
-                        lambda self, view, walk, cuts, peak, cost, index: FakePlan(index))
-    walk = budget_module._Walk(planner=None, scale=1.0, plain_bytes=10.0, budget_bytes=max(target, peaks[-1]) * 1.2,
-                               target_bytes=target, start=0.0)
-    walk.candidates = [(i, peak, [i]) for i, peak in enumerate(peaks)]
-    walk.search = (0, len(peaks))
+                        lambda self, view, walk, cuts, peak, cost, index: FakePlan(index, walk))
+    walk = BudgetWalk(planner=None, scale=1.0, plain_bytes=10.0, budget_bytes=max(target, peaks[-1]) * 1.2,
+                      target_bytes=target, start=0.0, candidates=tuple((i, peak, [i]) for i, peak in enumerate(peaks)),
+                      search=(0, len(peaks)))
     strategy = budget_module.Budget(0.5)
     plan, measured, kept = FakePlan((len(peaks) - 1) // 2), [], None
     while plan is not None:
         index = plan.details["candidate"]
-        if index in walk.peaks:  # rebuilt with its peak known: kept
+        walk = plan.walk or walk  # each step of the walk is a new walk
+        if index in walk.peak_by_candidate:  # rebuilt with its peak known: kept
             kept = index
             break
         measured.append(index)
-        walk.peaks[index] = peaks[index]
+        walk = walk.with_peak(index, peaks[index])
         try:
             following = strategy._bisect(None, walk, plan, peaks[index] <= target)
         except memgrad.BudgetError:
@@ -630,18 +631,17 @@ def test_the_models_own_plan_measured_over_the_target_is_refined_once(monkeypatc
 
     monkeypatch.setattr(budget_module.Budget, "_plan_for",
                         lambda self, view, walk, cuts, peak, cost, index: FakePlan(index))
-    walk = budget_module._Walk(planner=FakePlanner(), scale=1.0, plain_bytes=200.0,
-                               budget_bytes=105.0, target_bytes=100.0, start=0.0)
-    walk.candidates = [(1.0, 120.0, [2]), (2.0, 100.0, [5]), (3.0, 70.0, [3, 7])]
-    walk.order, walk.own = [1, 2, 0], (100.0, [5])
+    first = BudgetWalk(planner=FakePlanner(), scale=1.0, plain_bytes=200.0, budget_bytes=105.0,
+                       target_bytes=100.0, start=0.0, order=(1, 2, 0), own=(100.0, [5]),
+                       candidates=((1.0, 120.0, [2]), (2.0, 100.0, [5]), (3.0, 70.0, [3, 7])))
     strategy = budget_module.Budget(0.5)
-    following = strategy._refined(None, walk, FakePlan(1), peak=110.0)
+    following, walk = strategy._refined(None, first, FakePlan(1), peak=110.0)
     assert asked == [pytest.approx(100.0 * 100.0 / 110.0 * 0.99)]
     assert following.details["candidate"] == 3 and walk.candidates[3] == (2.5, 80.0, [4, 8])
-    assert walk.order == [1, 3, 2, 0]
-    assert strategy._refined(None, walk, FakePlan(1), peak=110.0) is None  # once per walk
-    walk.refined = False
-    assert strategy._refined(None, walk, FakePlan(2), peak=110.0) is None  # not the own plan
+    assert walk.order == (1, 3, 2, 0)
+    assert first.order == (1, 2, 0) and len(first.candidates) == 3  # the walk a plan held is unchanged
+    assert strategy._refined(None, walk, FakePlan(1), peak=110.0) == (None, walk)  # once per walk
+    assert strategy._refined(None, first, FakePlan(2), peak=110.0) == (None, first)  # not the own plan
 
 
 def test_a_candidate_measured_over_the_target_rescales_the_model_for_the_next():
@@ -649,35 +649,28 @@ def test_a_candidate_measured_over_the_target_rescales_the_model_for_the_next():
     rescaled model still puts over the target go to the end of the order, and the next one
     tried is the cheapest predicted to fit; every candidate is still tried before none is
     left."""
-    from memgrad._src.checkpointing.budget import _next_candidate, _Walk
-
-    walk = _Walk(planner=None, scale=2.0, plain_bytes=400.0, budget_bytes=105.0,
-                 target_bytes=100.0, start=0.0)
     # (cost, model peak, cuts): scaled model peaks 100, 96, 90, 80, 70, 60.
-    walk.candidates = [(i, peak, [i]) for i, peak in enumerate([50, 48, 45, 40, 35, 30])]
-    walk.order = [1, 2, 3, 4, 5, 0]
+    walk = BudgetWalk(planner=None, scale=2.0, plain_bytes=400.0, budget_bytes=105.0, target_bytes=100.0,
+                      start=0.0, order=(1, 2, 3, 4, 5, 0),
+                      candidates=tuple((i, peak, [i]) for i, peak in enumerate([50, 48, 45, 40, 35, 30])))
     # Candidate 1 (model 96) measured 124.8: ratio 1.3; 90*1.3 > 100, 80*1.3 > 100, 70*1.3 <= 100.
-    assert _next_candidate(walk, 1, 124.8) == 4
-    assert walk.order == [1, 4, 5, 0, 2, 3]
+    index, walk = next_candidate(walk, 1, 124.8)
+    assert index == 4 and walk.order == (1, 4, 5, 0, 2, 3)
     # Candidate 4 (model 70) measured 105 (ratio 1.5): 60 * 1.5 = 90 fits, so 5 is next.
-    assert _next_candidate(walk, 4, 105.0) == 5
-    assert walk.order == [1, 4, 5, 0, 2, 3]
+    index, walk = next_candidate(walk, 4, 105.0)
+    assert index == 5 and walk.order == (1, 4, 5, 0, 2, 3)
     # Candidate 5 (model 60) measured 200: nothing is predicted to fit, the next in order;
     # after the last, none.
-    assert _next_candidate(walk, 5, 200.0) == 0
-    assert _next_candidate(walk, 3, 200.0) is None
+    assert next_candidate(walk, 5, 200.0)[0] == 0
+    assert next_candidate(walk, 3, 200.0) == (None, walk)
 
 
 def test_a_measurement_under_the_model_keeps_the_order():
-    from memgrad._src.checkpointing.budget import _next_candidate, _Walk
-
-    walk = _Walk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=105.0,
-                 target_bytes=100.0, start=0.0)
-    walk.candidates = [(0, 120.0, [0]), (1, 99.0, [1]), (2, 90.0, [2]), (3, 80.0, [3])]
-    walk.order = [1, 2, 3, 0]
+    walk = BudgetWalk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=105.0, target_bytes=100.0,
+                      start=0.0, order=(1, 2, 3, 0),
+                      candidates=((0, 120.0, [0]), (1, 99.0, [1]), (2, 90.0, [2]), (3, 80.0, [3])))
     # Candidate 1 modelled 99, measured 101 (ratio ~1.02): 90 * 1.02 fits: next is 2.
-    assert _next_candidate(walk, 1, 101.0) == 2
-    assert walk.order == [1, 2, 3, 0]
+    assert next_candidate(walk, 1, 101.0) == (2, walk)
 
 
 def test_a_candidate_over_the_target_is_passed_over_and_none_fitting_is_refused(monkeypatch):
@@ -690,17 +683,16 @@ def test_a_candidate_over_the_target_is_passed_over_and_none_fitting_is_refused(
     class FakePlan:
         def __init__(self, index, walk):
             self.details = {"candidate": index, "target_bytes": walk.target_bytes, "predicted_bytes": 0.0}
-            self._budget_walk = walk
+            self.strategy_state = walk
 
     runs = {0: Peak(108.0, "simulated"), 1: Peak(112.0, "simulated")}
     simulating = []
     monkeypatch.setattr(budget_module, "peak_of", lambda view, grads, kernels, hold: runs[simulating[-1]])
     monkeypatch.setattr(budget_module.Budget, "_plan_for",
                         lambda self, view, walk, cuts, peak, cost, index: FakePlan(index, walk))
-    walk = budget_module._Walk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=110.0,
-                               target_bytes=88.0, start=0.0, source="simulated", margin=0.2)
-    walk.candidates = [(0, 90.0, [0]), (1, 85.0, [1])]
-    walk.order = [0, 1]
+    walk = BudgetWalk(planner=None, scale=1.0, plain_bytes=200.0, budget_bytes=110.0, target_bytes=88.0,
+                      start=0.0, source="simulated", margin=0.2, order=(0, 1),
+                      candidates=((0, 90.0, [0]), (1, 85.0, [1])))
     strategy = budget_module.Budget(110)
 
     def refine(plan):
@@ -709,7 +701,7 @@ def test_a_candidate_over_the_target_is_passed_over_and_none_fitting_is_refused(
 
     following = refine(FakePlan(0, walk))
     assert following.details["candidate"] == 1  # 0's peak (108) is over the target
-    assert walk.peaks[0] == 108.0
+    assert following.strategy_state.peak_by_candidate == {0: 108.0} and walk.peaks == ()
     with pytest.raises(memgrad.BudgetError, match=r"at least 135 B"):  # 108 / 0.8
         refine(following)
 

@@ -57,6 +57,30 @@ def test_a_string_is_an_alias_for_its_policy_object(alias, policy):
     assert by_alias[0].mode == by_object[0].mode == alias
 
 
+def test_a_strategy_is_built_in_by_its_own_declaration_not_by_where_it_lives():
+    """memgrad's strategies declare ``built_in``; a user's subclass of one is the user's: its
+    plans carry its name, and what it raises reaches the caller instead of a fallback."""
+    from memgrad._src.checkpointing.strategies import is_built_in
+
+    assert all(is_built_in(s) for s in (Memory(), Speed(), Collection(), Tensors([]), Budget(0.5)))
+
+    class Mine(Memory):
+        name = "mine"
+
+    class Failing(Memory):
+        def plan(self, view):
+            raise KeyError("the user's own bug")
+
+    assert not is_built_in(Mine()) and not is_built_in(EveryThirdAdd())
+    x = tf.random.stateless_normal([8, 16], seed=[1, 2])
+    with memgrad.record_rewrites() as log:
+        reference, got = _step(Mine())(x)
+    assert log[0].mode == "mine" and not log[0].fallback
+    assert max_relative_error(reference, got) <= 1e-5
+    with pytest.raises(KeyError, match="the user's own bug"):
+        _step(Failing())(x)
+
+
 def test_a_user_strategy_plans_and_is_named_in_the_log():
     x = tf.random.stateless_normal([8, 16], seed=[3, 4])
     with rewritten() as log:

@@ -4,13 +4,12 @@ Its `plan` simulates plain backprop's peak with Grappler (nothing runs; the same
 the same figure in every process) and picks a first candidate among the planner's plans
 (`memgrad._src.checkpointing.budget_planner`); its `refine` simulates each candidate's
 rewrite and walks on while the peak is over the target:
-in the order of `_walk_order`, rescaling the memory model by each simulated peak
-(`_next_candidate`), by bisection where the model is far off (`Budget._bisect`), with one
+in the order of `walk_order`, rescaling the memory model by each simulated peak
+(`next_candidate`), by bisection where the model is far off (`Budget._bisect`), with one
 refinement of the model's own plan (`Budget._refined`). Every step of the walk reads
 figures that depend on the graph alone, so its decision and plan do too.
 """
 
-import dataclasses
 import time
 import warnings
 
@@ -18,6 +17,7 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.budget_measure import NOT_FOUND, peak_of, plain_gradients
+from memgrad._src.checkpointing.budget_walk import BudgetWalk, next_candidate, walk_order
 from memgrad._src.checkpointing.budget_planner import (
     BudgetError, CurvePoint, budget_error, Planner, budget_curve)
 from memgrad._src.checkpointing.loops import LOOP_TYPES
@@ -47,9 +47,6 @@ LOOP_NOTE = (
     "them and the measured peak can exceed the budget (a 2-layer LSTM over 128 steps: "
     "modelled 4.0 MiB, measured 31.4). Measure the step (memgrad.profiler.measure) and "
     "budget in bytes with that room, or use checkpoints='memory', which segments loops.")
-# A candidate whose memory-model peak (scaled to plain's simulated peak) is over
-# this multiple of the target is tried only after the others (see `_walk_order`).
-SKIP_ABOVE = 1.25
 
 
 class Budget(Strategy):
@@ -122,9 +119,9 @@ class Budget(Strategy):
     from the least recomputation up, simulates each, and keeps the first whose peak is
     within the target; the rewrites not kept are never run by the step. It starts at the
     cheapest candidate the scaled memory model puts within 25% of the target and tries the
-    cheaper ones last (`_walk_order`). A candidate simulated over the target rescales the
+    cheaper ones last (`walk_order`). A candidate simulated over the target rescales the
     model by its simulated/modelled ratio: those the rescaled model still puts over are
-    tried last (`_next_candidate`). Where the model puts every candidate further over, it
+    tried last (`next_candidate`). Where the model puts every candidate further over, it
     bisects them by simulated peak (`_bisect`). When none fits, a BudgetError names the
     least peak among those simulated, plus the margin.
 
@@ -156,6 +153,8 @@ class Budget(Strategy):
       with memgrad.GradientTape(checkpoints=memgrad.strategies.Budget(0.25)) as tape: ...
       ```
     """
+
+    built_in = True
 
     name = "budget"
 
@@ -254,23 +253,25 @@ class Budget(Strategy):
         budget = self.resolve(plain_bytes)
         margin = self._margin(source)
         target = budget * (1.0 - margin)
-        walk = _Walk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
-                     target_bytes=target, start=start, source=source, margin=margin,
-                     kernels=kernels, hold=self.hold_gradients, loops=loops)
+        walk = BudgetWalk(planner=planner, scale=scale, plain_bytes=plain_bytes, budget_bytes=budget,
+                          target_bytes=target, start=start, source=source, margin=margin,
+                          kernels=kernels, hold=self.hold_gradients, loops=loops)
         if source != "model":
             if budget >= plain:
                 return self._plan_for(view, walk, [], modelled, 0.0, index=None)
-            walk.tried.append(plain)  # plain backprop, over the budget
-            candidates = walk.candidates = planner.candidate_plans(target / scale)
-            walk.own = (target / scale, planner.cheapest(target / scale) if target < plain else None)
+            candidates = tuple(planner.candidate_plans(target / scale))
+            walk = walk.replace(  # plain backprop was tried: over the budget
+                tried=(plain,), candidates=candidates,
+                own=(target / scale, planner.cheapest(target / scale) if target < plain else None))
             if not candidates:
                 raise self._no_plan(walk)
-            walk.order = _walk_order(candidates, scale, target)
-            if walk.order is None:  # the model puts every candidate too far over: bisect
-                walk.search = (0, len(candidates))
+            order = walk_order(candidates, scale, target)
+            if order is None:  # the model puts every candidate too far over: bisect
+                walk = walk.replace(search=(0, len(candidates)))
                 first = (len(candidates) - 1) // 2
             else:
-                first = walk.order[0]
+                walk = walk.replace(order=order)
+                first = order[0]
             return self._candidate_plan(view, walk, first)
         if budget >= plain_bytes:  # plain backprop fits: keep nothing
             return self._plan_for(view, walk, [], modelled, 0.0, index=None)
@@ -296,17 +297,16 @@ class Budget(Strategy):
             forward_flops=float(m.flops.sum()), checkpoints=len(tensors), loops=walk.loops,
             seconds=time.perf_counter() - walk.start,
         )
-        plan = CheckpointPlan(
+        if not cuts:  # plain backprop fits the budget: the answer, not a failure to plan
+            details["same_as_plain"] = True
+        return CheckpointPlan(
             mode="budget", tensors=tensors, segments=len(cuts) + 1,
             activation_bytes=walk.planner.plain_bytes, estimated_bytes=peak, details=details,
+            strategy_state=walk if index is not None else None,
         )
-        if not cuts:  # plain backprop fits the budget: the answer, not a failure to plan
-            plan.details["same_as_plain"] = True
-        plan._budget_walk = walk if index is not None else None
-        return plan
 
     def _no_plan(self, walk):
-        least = min([*walk.tried, *walk.peaks.values()])
+        least = min([*walk.tried, *(peak for _, peak in walk.peaks)])
         return budget_error(walk.budget_bytes, least / (1.0 - walk.margin),
                              walk.plain_bytes, margin=walk.margin, fraction=self.fraction,
                              source=walk.source)
@@ -328,29 +328,27 @@ class Budget(Strategy):
           BudgetError: when every candidate's peak is over the target; it names the least of
             them (plus the margin), which is a budget that plan fits.
         """
-        walk = getattr(plan, "_budget_walk", None)
+        walk = plan.strategy_state
         if walk is None:  # plain backprop, or a plan made on the memory model alone
             return None
         details = plan.details
-        rebuilt = walk.chosen
-        if rebuilt is not None:  # a plan rebuilt: its peak was found already
-            details["predicted_bytes"] = walk.peaks[rebuilt]
-            details[f"{walk.source}_bytes"] = walk.peaks[rebuilt]
+        if walk.chosen is not None:  # a plan rebuilt: its peak was found already
+            details["predicted_bytes"] = walk.peak_by_candidate[walk.chosen]
+            details[f"{walk.source}_bytes"] = details["predicted_bytes"]
             return None
         found = peak_of(view, grads, walk.kernels, walk.hold)
         if found.bytes:
             details[f"{found.source}_bytes"] = details["predicted_bytes"] = found.bytes
         peak = details["predicted_bytes"]
-        walk.tried.append(peak)
-        walk.peaks[details["candidate"]] = peak
+        walk = walk.with_peak(details["candidate"], peak)
         if walk.search is not None:
             return self._bisect(view, walk, plan, peak <= details["target_bytes"])
         if peak <= details["target_bytes"]:
             return None
-        refined = self._refined(view, walk, plan, peak)
+        refined, walk = self._refined(view, walk, plan, peak)
         if refined is not None:
             return refined
-        index = _next_candidate(walk, details["candidate"], peak)
+        index, walk = next_candidate(walk, details["candidate"], peak)
         if index is None:
             raise self._no_plan(walk)
         return self._candidate_plan(view, walk, index)
@@ -363,20 +361,22 @@ class Budget(Strategy):
         """Once per walk, when the model's own plan for the target simulated ``peak`` over it:
         the model's cheapest plan for a target lowered by that overshoot, as a new candidate
         tried next (it recomputes less than the fixed candidates after it, which jump in
-        steps of 10% of plain's peak). None when there is none, or it is a candidate already."""
+        steps of 10% of plain's peak). ``(that plan or None, the walk)``: None when there is
+        none, or it is a candidate already."""
         own_budget, own_cuts = walk.own
         current = walk.candidates[plan.details["candidate"]][2]
         if walk.refined or not own_cuts or current != own_cuts:
-            return None
-        walk.refined = True
+            return None, walk
+        walk = walk.replace(refined=True)
         cuts = walk.planner.solve(own_budget * walk.target_bytes / peak * 0.99)
         if not cuts or any(list(cuts) == option[2] for option in walk.candidates):
-            return None
+            return None, walk
         model_peak, cost = walk.planner.model.predict(cuts)
-        walk.candidates.append((cost, model_peak, cuts))
-        index = len(walk.candidates) - 1
-        walk.order.insert(walk.order.index(plan.details["candidate"]) + 1, index)
-        return self._plan_for(view, walk, cuts, model_peak, cost, index=index)
+        index = len(walk.candidates)
+        after = walk.order.index(plan.details["candidate"]) + 1
+        walk = walk.replace(candidates=walk.candidates + ((cost, model_peak, cuts),),
+                            order=walk.order[:after] + (index,) + walk.order[after:])
+        return self._plan_for(view, walk, cuts, model_peak, cost, index=index), walk
 
     def _bisect(self, view, walk, plan, fits):
         """The next step of a bisection for the cheapest candidate that fits (candidates in
@@ -386,7 +386,7 @@ class Budget(Strategy):
         index = plan.details["candidate"]
         lo, hi = walk.search
         lo, hi = (lo, index) if fits else (index + 1, hi)
-        walk.search = (lo, hi)
+        walk = walk.replace(search=(lo, hi))
         if lo < hi:
             index = (lo + hi) // 2
         elif hi == len(walk.candidates):
@@ -394,64 +394,5 @@ class Budget(Strategy):
         elif hi == plan.details["candidate"]:
             return None
         else:
-            index = walk.chosen = hi
+            index, walk = hi, walk.replace(chosen=hi)
         return self._candidate_plan(view, walk, index)
-
-@dataclasses.dataclass
-class _Walk:
-    """A Budget's walk through one graph's candidate plans, by their simulated peaks."""
-
-    planner: "Planner"
-    scale: float
-    plain_bytes: float
-    budget_bytes: float
-    target_bytes: float
-    start: float
-    source: str = "model"  # where the peaks come from: 'simulated' or 'model'
-    margin: float = 0.0
-    kernels: str = None  # the device whose kernels' scratch the simulations count, or None
-    hold: bool = True  # gradients alive to the end of the backward pass (`hold_gradients`)
-    loops: int = 0  # While ops in the forward region, whose per-step memory is not modelled
-    tried: list = dataclasses.field(default_factory=list)  # peaks found, in the order tried
-    peaks: dict = dataclasses.field(default_factory=dict)  # candidate index -> its peak
-    chosen: int = None  # the candidate a bisection found to fit, rebuilt after it
-    search: tuple = None  # a bisection's (lo, hi): none below lo fits, hi fits (or is len)
-    own: tuple = (None, None)  # (model budget, cuts) of the model's own plan for the target
-    refined: bool = False  # whether `Budget._refined` added its candidate
-    order: list = dataclasses.field(default_factory=list)  # candidate indices, in trial order
-    candidates: list = dataclasses.field(default_factory=list)  # (cost, model peak, cuts)
-
-
-def _walk_order(candidates, scale, target):
-    """The order candidates are tried in: from the cheapest whose scaled model peak is within
-    `SKIP_ABOVE` of the target (the cheaper ones are predicted too far over to be worth a
-    simulation), up; then the skipped ones, cheapest first (the model can rank a plan too
-    high). Every candidate is tried before a BudgetError. None when the model puts every
-    candidate over that: it is then wrong about them (ResNet50's 'memory' plan: modelled at
-    0.97 of plain's peak, measured at 0.41), and `Budget._bisect` searches by simulated peak."""
-    start = next((i for i, (_, peak, _) in enumerate(candidates)
-                  if peak * scale <= SKIP_ABOVE * target), None)
-    if start is None:
-        return None
-    return list(range(start, len(candidates))) + list(range(start))
-
-
-def _next_candidate(walk, index, peak):
-    """The candidate to try after ``index`` simulated ``peak`` over the target, or None when
-    every candidate has been tried. The model's figures are rescaled by that peak
-    (its peak over its scaled model peak): the candidates after it in the order that the
-    rescaled model still puts over the target are moved to the end of the order, so the
-    next one tried is the cheapest predicted to fit (they are still tried, before a
-    BudgetError, should the rescaled model be wrong). Where none is predicted to fit, the
-    next in the order."""
-    position = walk.order.index(index) + 1
-    rest = walk.order[position:]
-    if not rest:
-        return None
-    modelled = walk.candidates[index][1] * walk.scale
-    ratio = peak / modelled if modelled > 0 else 1.0
-    fitting = [i for i in rest if walk.candidates[i][1] * walk.scale * ratio <= walk.target_bytes]
-    if fitting:
-        first = rest.index(fitting[0])
-        walk.order[position:] = rest[first:] + rest[:first]
-    return walk.order[position]

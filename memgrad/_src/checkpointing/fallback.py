@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.budget_planner import BudgetError
+from memgrad._src.checkpointing.strategies import is_built_in
 
 
 # Any error raised while the rewrite is built (a graph it cannot handle: a cycle among
@@ -44,7 +45,7 @@ def is_internal_failure(error, strategy):
     """
     if isinstance(error, BudgetError):
         return False
-    if not type(strategy).__module__.startswith("memgrad."):
+    if not is_built_in(strategy):
         return False
     if isinstance(error, (TypeError, ValueError)):
         frame = error.__traceback__

@@ -50,6 +50,9 @@ class CheckpointPlan:
         layers) are differentiated: ``'segments'`` (the forward keeps every k-th step's
         state, k about sqrt(steps), and the backward replays a segment of steps at a time)
         or ``'kept'`` (TensorFlow's own loop gradient: every step's intermediates are kept).
+      strategy_state: what the strategy hands from its ``plan`` to its ``refine`` (a
+        `Budget`'s walk through its candidate plans), or None; memgrad passes it on
+        untouched. Keep it immutable: a refined plan gets a new state.
     """
 
     mode: str
@@ -60,6 +63,7 @@ class CheckpointPlan:
     estimated_bytes: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
     loops: str = "segments"
+    strategy_state: object = None
 
 
 # Ops that add a parameter to their input: a checkpoint is moved past them (see _absorb).

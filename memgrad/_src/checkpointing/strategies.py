@@ -53,6 +53,11 @@ class Strategy:
     """
 
     name = "strategy"
+    # memgrad's own strategies set this on their class. A plan of theirs keeps its mode and
+    # an internal failure of theirs falls back to plain tf.gradients with a warning; a user
+    # strategy's plan is labelled with its ``name`` and what it raises reaches the caller.
+    # Read from the class itself (`is_built_in`): a user's subclass of `Memory` is the user's.
+    built_in = False
 
     def plan(self, view):  # pragma: no cover - the protocol
         """Returns the `CheckpointPlan` for ``view`` (a `ForwardGraph`)."""
@@ -78,6 +83,11 @@ class Strategy:
         return f"{type(self).__name__}()"
 
 
+def is_built_in(strategy):
+    """Whether ``strategy``'s own class declares ``built_in = True`` (memgrad's strategies)."""
+    return vars(type(strategy)).get("built_in", False) is True
+
+
 class Memory(Strategy):
     """Least memory: separators spaced by bytes, about sqrt(n) checkpoints on a chain of n.
 
@@ -90,6 +100,8 @@ class Memory(Strategy):
       grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Memory())
       ```
     """
+
+    built_in = True
 
     name = "memory"
 
@@ -106,6 +118,8 @@ class Speed(Strategy):
       grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Speed())
       ```
     """
+
+    built_in = True
 
     name = "speed"
 
@@ -126,6 +140,8 @@ class Collection(Strategy):
       grads = memgrad.gradients(loss, [w], checkpoints=memgrad.strategies.Collection())
       ```
     """
+
+    built_in = True
 
     name = "collection"
 
@@ -151,6 +167,8 @@ class Tensors(Strategy):
       grads = memgrad.gradients(loss, variables, checkpoints=memgrad.strategies.Tensors([h1, h2]))
       ```
     """
+
+    built_in = True
 
     name = "list"
 
@@ -219,6 +237,6 @@ def checked_plan(strategy, plan, method, optional=False):
             f"{type(strategy).__name__}.{method} must return {expected} "
             f"(e.g. Tensors(kept).plan(view)). Received: {type(plan).__name__}")
     name = getattr(strategy, "name", None)
-    if isinstance(name, str) and not type(strategy).__module__.startswith("memgrad._src"):
+    if isinstance(name, str) and not is_built_in(strategy):
         plan.mode = name
     return plan

@@ -7,9 +7,10 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.api import (
-    gradients, raised_by_tf_gradients, record_fallback, unconnected_gradients_for,
+    gradients, raised_by_tf_gradients, unconnected_gradients_for,
 )
 from memgrad._src.checkpointing import recording
+from memgrad._src.checkpointing.rewrite_log import record_fallback
 from memgrad._src.checkpointing.fallback import crash_reason, outside_graph_of_ys
 from memgrad._src.checkpointing.strategies import as_strategy
 

@@ -1,0 +1,92 @@
+"""The log of what each `memgrad.gradients` call did: `RewriteRecord`, `record_rewrites`."""
+
+import contextlib
+import dataclasses
+import threading
+
+_recorders = []  # the lists of every active record_rewrites() block (any thread)
+_recorders_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteRecord:
+    """What one `memgrad.gradients` call did, as logged by `record_rewrites`.
+
+    Attributes:
+      mode: the strategy's name (``'memory'``, ``'speed'``, ``'collection'``, ``'list'``,
+        ``'budget'``, a user strategy's ``name``), or ``'unconnected'``.
+      segments: segments of the forward pass recomputed separately (0: no rewrite).
+      copied_ops: forward ops copied for recomputation.
+      recomputed_ops: the copies that run: those some gradient reads, directly or through
+        other copies. TensorFlow prunes the rest before the step runs (a copied matrix
+        product whose gradient reads only its inputs).
+      checkpoints: tensors kept.
+      fallback: True when plain `tf.gradients` ran instead of the rewrite: nothing was worth
+        keeping, or the rewrite could not handle the graph (`fallback_reason` says why; a
+        warning said so too).
+      estimated_bytes: the strategy's estimate of the activation peak.
+      gradient_seconds: time spent inside `tf.gradients` while building the rewrite.
+      plan: the `CheckpointPlan` (``plan.details`` holds a `Budget`'s figures), or None.
+      loops: one `memgrad.LoopRecord` per forward loop differentiated: whether its
+        gradient ran in segments of steps, replayed the whole loop, or kept TensorFlow's
+        per-step intermediates, and why.
+      fallback_reason: why plain `tf.gradients` ran, as the warning said ('' where the
+        rewrite ran, and where the plan itself is plain backprop: a budget plain backprop
+        fits, 'speed' keeping what plain backprop keeps).
+    """
+
+    mode: str
+    segments: int = 0
+    copied_ops: int = 0
+    checkpoints: int = 0
+    fallback: bool = False
+    estimated_bytes: float = 0.0
+    gradient_seconds: float = 0.0
+    plan: object = None
+    loops: tuple = ()
+    fallback_reason: str = ""
+    recomputed_ops: int = 0
+
+
+@contextlib.contextmanager
+def record_rewrites():
+    """Logs every `memgrad.gradients` call traced inside the block (from any thread).
+
+    `memgrad.GradientTape`, `monkey_patch` and the Keras fit hook go through
+    `memgrad.gradients`, so their calls are logged too. A ``tf.function`` is rewritten when
+    it is traced, not when it runs again: wrap its first call.
+
+    Returns:
+      A context manager whose value is a list, filled with one `RewriteRecord` per call.
+
+    Example:
+      ```python
+      with memgrad.record_rewrites() as log:
+          train_step(x, y)            # a tf.function using memgrad.GradientTape
+      print(log[0].segments, log[0].plan.estimated_bytes)
+      ```
+    """
+    log = []
+    with _recorders_lock:
+        _recorders.append(log)
+    try:
+        yield log
+    finally:
+        with _recorders_lock:
+            # By identity: two nested logs of the same calls are equal lists.
+            del _recorders[next(i for i, r in enumerate(_recorders) if r is log)]
+
+
+def record(**fields):
+    """Adds one `RewriteRecord` to every active `record_rewrites` log."""
+    if not _recorders:
+        return
+    entry = RewriteRecord(**fields)
+    with _recorders_lock:
+        for log in _recorders:
+            log.append(entry)
+
+
+def record_fallback(mode, reason):
+    """Notes, for `record_rewrites`, a gradient memgrad left to TensorFlow (``reason``)."""
+    record(mode=mode, fallback=True, fallback_reason=reason)
