@@ -114,6 +114,17 @@ def test_default_run_shows_memory_vs_depth_for_plain_checkpointed_reversible(run
     assert categories["plain"]["activations"] > 2 * categories["reversible"]["activations"], categories
     assert categories["plain"]["weights"] == categories["memory"]["weights"] > 0
     assert "what the peak holds (depth 16, batch 256)" in run["stdout"]
+    # One basis for "peak": what the peak holds adds up to the table's figure, what was held
+    # before the step is said once, and the JSON states the basis.
+    plain_row = next(r for r in result["rows"] if r["strategy"] == "plain" and r["depth"] == 16)
+    table_line = next(line for line in run["stdout"].splitlines() if line.startswith("  peak (as in the table)"))
+    assert float(table_line.split()[5]) == round(plain_row["peak_above_baseline_bytes"] / 2**20, 2)
+    assert "held before the step and not counted" in run["stdout"] and "MB" not in run["stdout"].replace("MiB", "")
+    assert result["peak"].startswith("peak: what one training step allocates above the weights and inputs")
+    # The stack is named as in the model; exact rebuilding says so, not "largest 0.0e+00".
+    assert "couplings   16 blocks in float64" in run["stdout"] and "0.0e+00" not in run["stdout"]
+    # The progress bar counts profiled points, in words.
+    assert "12 of 12 points profiled" in run["stderr"] and "s/step" not in run["stderr"]
     _assert_png(os.path.join(DEFAULT_DIR, "memgrad-profile.png"))
 
 
@@ -124,9 +135,43 @@ def test_drift_section_reports_every_block_of_every_reversible_stack():
     (row,) = measure_drift(model_spec("coupling", width=64), 4, 8)
     assert row["blocks"] == 4 and len(row["errors"]) == 4 and row["invertible_dtype"] == "float64"
     assert all(0.0 <= e < 1e-10 for e in row["errors"]) and row["nonfinite_blocks"] == []
-    assert "4 blocks in float64" in format_drift([row], 4, 8) and format_drift([row], 4, 8).endswith(": ok")
-    assert "above tolerance" in format_drift([dict(row, max_error=1.0)], 4, 8)
-    assert "NaN/inf at blocks 0, 2" in format_drift([dict(row, nonfinite_blocks=[0, 2])], 4, 8)
+    assert row["stack"] == "couplings"  # the model's own name for its stack
+    exact = format_drift([dict(row, max_error=0.0, worst_block=0)], "depth 4, batch 8")
+    assert exact.startswith("reversible drift (depth 4, batch 8, one training step")
+    assert exact.endswith("couplings    4 blocks in float64  none: every block's input rebuilt exactly")
+    close = format_drift([dict(row, max_error=3e-7, worst_block=2)], "depth 4, batch 8")
+    assert close.endswith("largest 3.0e-07 at block 2, within the tolerance 1e-05: ok"), close
+    assert "above the tolerance" in format_drift([dict(row, max_error=1.0)], "depth 4, batch 8")
+    assert "NaN/inf at blocks 0, 2" in format_drift([dict(row, nonfinite_blocks=[0, 2])], "depth 4, batch 8")
+
+
+def _docs_sample(command):
+    """The sample output in docs/profiler.md of ``$ <command>``, without its command line."""
+    from tests.test_docs_examples import fenced_blocks
+
+    for _, language, code, _ in fenced_blocks("docs/profiler.md"):
+        first, _, rest = code.partition("\n")
+        if language == "text" and first == f"$ {command}":
+            return rest
+    raise AssertionError(f"docs/profiler.md shows no output of {command!r}")
+
+
+@pytest.mark.memory
+@pytest.mark.parametrize("run_name, command", [
+    ("default", "memgrad-profile --json ''"),
+    ("budget", "memgrad-profile " + " ".join(a for a in BUDGET_ARGS if a not in ("--repeats", "1", "--no-progress"))),
+])
+def test_the_docs_sample_outputs_are_what_the_command_prints(runs, run_name, command):
+    """Line for line, every number a '#'; the runs here write files, the samples do not."""
+    from tests.test_docs_examples import sample_mismatch
+
+    run = runs[run_name]
+    assert run["status"] == 0, run["stderr"]
+    printed = "\n".join(line for line in run["stdout"].splitlines()
+                        if not line.startswith(("wrote ", "* timed rounds differ")))
+    sample = "\n".join(line for line in _docs_sample(command).splitlines()
+                       if not line.startswith(("wrote ", "* timed rounds differ")))
+    assert sample_mismatch(sample, printed) is None, sample_mismatch(sample, printed)
 
 
 @pytest.mark.memory
@@ -136,10 +181,14 @@ def test_budget_finds_a_larger_batch_for_the_reversible_stack(runs):
     found = {entry["strategy"]: entry for entry in run["json"]["budget"]}
     plain, reversible = found["plain"], found["reversible"]
     assert 0 < plain["batch_size"] < plain["first_failing"]
-    # Measured on the emulated 24 MB device: ~2,100 vs ~10,900 (5.1x).
+    # Measured on the emulated 24 MB device: 1,911 vs 5,304-5,364 (2.8x; the stack carries its
+    # activations in float64).
     assert reversible["batch_size"] > 2 * plain["batch_size"], found
     assert reversible["vs_plain"] == pytest.approx(reversible["batch_size"] / plain["batch_size"])
     assert reversible["budget_bytes"] == 22 * 2**20  # 24 MB rounded down to whole MiB
+    # The budget was given in MB, so every figure is (the 22 MiB cap is 23.07 MB).
+    assert "peak MB" in run["stdout"] and "capped at 23.07 MB" in run["stdout"], run["stdout"]
+    assert "MiB" not in run["stdout"], run["stdout"]
     assert "fits" in run["stdout"] and "the batch of plain" in run["stdout"]
     # The batch predicted from traced steps alone is shown next to the measured one.
     for entry in found.values():
@@ -165,7 +214,9 @@ def test_a_keras_file_under_each_strategy_it_supports(tmp_path, capsys):
     assert status == 0, err
     result = json.loads(out_json.read_text())
     _assert_schema(result)
-    assert result["strategies"] == ["plain", "memory", "speed", "selective"] and result["depths"] == [None]
+    # Selective layers change nothing in a tf.function step: not profiled unless asked.
+    assert result["strategies"] == ["plain", "memory", "speed"] and result["depths"] == [None]
+    assert "model" in out.splitlines()[1].split() and "small.keras" in out and "depth" not in out.splitlines()[1]
     assert [(r["strategy"], r["batch_size"]) for r in result["rows"]][:2] == [("plain", 8), ("memory", 8)]
     _assert_png(out_png)  # a batch-size sweep: memory against batch size
 
@@ -207,7 +258,7 @@ def test_a_point_that_runs_out_of_memory_prints_what_was_alive_and_what_others_n
     assert tensors[0]["bytes"] >= 3000 * 32 * 4 and tensors[0]["category"] == "activations", tensors
     assert "plain at depth 16, batch 3000 ran out of memory" in run["stdout"]
     assert "largest tensors alive when it failed" in run["stdout"]
-    assert "what the other strategies needed here (peak incl. weights): memory " in run["stdout"]
+    assert "what the other strategies needed here (peak above the weights and inputs): memory " in run["stdout"]
     assert _leaked(run["stderr"]) == []
 
 

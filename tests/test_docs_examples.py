@@ -10,6 +10,9 @@ lines just above a block's fence steer it (CONTRIBUTING.md describes them):
 - ``<!-- slow: reason -->``: the test is marked ``slow`` (a chain is slow if any block is).
 - ``<!-- not-run: reason -->``: the test is skipped with the reason; only for what needs
   hardware or a cluster (several GPUs, several workers). A reason is required.
+- ``<!-- output -->`` on a ```text block: it is what the python block(s) before it print,
+  every number a ``#`` (`skeleton`): the end of the output, line for line, where a ``...``
+  line stands for lines left out (`sample_mismatch`). A sample cannot fall behind the code.
 
 Shell blocks are not executed, but every ``memgrad-profile`` flag they (and the sample
 outputs) show must be one the command's ``--help`` lists.
@@ -27,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 180  # a block that is not slow runs in a few seconds on 2 cores
 SLOW_TIMEOUT_S = 600
 MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->$")
-KNOWN_MARKERS = {"continued", "slow", "not-run"}
+KNOWN_MARKERS = {"continued", "slow", "not-run", "output"}
 
 # The example's process (and any process it starts: the emulated device's probes) imports
 # memgrad from this checkout (PYTHONPATH, see example_environment); the launcher also imports
@@ -84,19 +87,65 @@ def fenced_blocks(name, text=None):
     return blocks
 
 
+def skeleton(text):
+    """A sample output's lines as they stay from run to run: every number a ``#``, a time
+    spread's ``*`` flag and runs of spaces dropped, empty lines left out."""
+    lines = []
+    for line in text.split("\n"):
+        line = re.sub(r"\d+(?:[.,]\d+)*", "#", line).replace("%*", "%")
+        if line.strip():
+            lines.append(" ".join(line.split()))
+    return lines
+
+
+def sample_mismatch(sample, output):
+    """Why ``sample`` is not what ``output`` shows (None when it is), both as `skeleton` lines.
+
+    The sample is the end of the output, line for line; a ``...`` line in it stands for any
+    number of lines (the sample leaves them out), and the output may print more before it.
+    """
+    found = skeleton(output)
+    parts, part = [], []
+    for line in skeleton(sample):
+        if line == "...":
+            parts.append(part)
+            part = []
+        else:
+            part.append(line)
+    parts.append(part)
+    position = 0
+    for index, part in enumerate(parts):
+        if not part:
+            continue
+        last = index == len(parts) - 1
+        starts = [i for i in range(position, len(found) - len(part) + 1) if found[i:i + len(part)] == part]
+        if last:
+            starts = [i for i in starts if i + len(part) == len(found)]
+        if not starts:
+            where = "at the end of the output" if last else "in the output"
+            near = next((i for i in range(position, len(found)) if found[i] == part[0]), None)
+            shown = found[near:near + len(part)] if near is not None else found[-len(part):]
+            return f"these sample lines are not {where}:\n  {part}\nthe output has:\n  {shown}"
+        position = starts[0] + len(part)
+    return None
+
+
 def python_chains():
-    """One pytest.param per chain of python blocks (a block and the continued ones after it)."""
+    """One pytest.param per chain of python blocks (a block and the continued ones after it),
+    with the ``<!-- output -->`` text blocks that follow it."""
     params = []
     for name in documentation_files():
         chains = []
         for line, language, code, markers in fenced_blocks(name):
             if language != "python":
+                if "output" in markers and chains:
+                    chains[-1][1].append((line, code))
                 continue
             if "continued" in markers and chains:
-                chains[-1].append((line, code, markers))
+                chains[-1][0].append((line, code, markers))
             else:
-                chains.append([(line, code, markers)])
-        for chain in chains:
+                chains.append(([(line, code, markers)], []))
+        for chain, outputs in chains:
             first = chain[0][0]
             code = "\n\n".join(f"# {name}:{line}\n{block}" for line, block, _ in chain)
             reasons = [markers["not-run"] or "" for _, _, markers in chain if "not-run" in markers]
@@ -104,13 +153,13 @@ def python_chains():
             if any("slow" in markers for _, _, markers in chain):
                 marks.append(pytest.mark.slow)
             params.append(pytest.param(name, code, reasons[0] if reasons else None,
-                                       any("slow" in markers for _, _, markers in chain),
+                                       any("slow" in markers for _, _, markers in chain), outputs,
                                        id=f"{name}:{first}", marks=marks))
     return params
 
 
-@pytest.mark.parametrize("name, code, not_run, slow", python_chains())
-def test_python_block_runs(name, code, not_run, slow, tmp_path):
+@pytest.mark.parametrize("name, code, not_run, slow, outputs", python_chains())
+def test_python_block_runs(name, code, not_run, slow, outputs, tmp_path):
     if not_run is not None:
         if not not_run.strip():
             pytest.fail(f"{name}: <!-- not-run --> without a reason; write <!-- not-run: why -->")
@@ -127,6 +176,9 @@ def test_python_block_runs(name, code, not_run, slow, tmp_path):
     assert result.returncode == 0, (
         f"{name}: the example failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
         f"\n--- stderr\n{result.stderr[-6000:]}")
+    for line, sample in outputs:
+        mismatch = sample_mismatch(sample, result.stdout)
+        assert mismatch is None, f"{name}:{line}: the sample output is not what the example prints; {mismatch}"
 
 
 def test_every_block_marker_is_known_and_every_skip_or_slow_mark_gives_a_reason():
@@ -141,9 +193,12 @@ def test_every_block_marker_is_known_and_every_skip_or_slow_mark_gives_a_reason(
                     problems.append(f"{where}: unknown marker <!-- {kind} -->")
                 elif kind in ("slow", "not-run") and not reason:
                     problems.append(f"{where}: <!-- {kind}: reason --> needs a reason")
-                elif kind == "continued" and reason:
-                    problems.append(f"{where}: <!-- continued --> takes no reason")
-                if language != "python":
+                elif kind in ("continued", "output") and reason:
+                    problems.append(f"{where}: <!-- {kind} --> takes no reason")
+                if kind == "output":
+                    if language != "text" or not previous_python:
+                        problems.append(f"{where}: <!-- output --> belongs on a text block after a python block")
+                elif language != "python":
                     problems.append(f"{where}: <!-- {kind} --> on a {language or 'plain'} block")
                 if kind == "continued" and not previous_python:
                     problems.append(f"{where}: <!-- continued --> with no python block before it")

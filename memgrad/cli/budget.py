@@ -6,13 +6,14 @@ from __future__ import annotations
 from memgrad.cli.report import one_line
 
 
-def find_budget_batches(spec, strategies, depth, rows, budget, progress=False):
+def find_budget_batches(spec, strategies, depth, rows, budget, progress=False, label=None):
     """The largest batch per strategy that fits ``budget`` bytes on the emulated device.
 
     The search starts from a guess extrapolated from the sweep's measured peak at the same
     depth, then every answer is a batch that actually ran under the cap (`max_batch_size`).
     Next to it, the batch `predict_max_batch_size` predicts from traced steps alone, with no
-    run (``None`` where the prediction failed).
+    run (``None`` where the prediction failed). With ``progress``, each step of the search is
+    a line on stderr naming the budget as ``label`` (as the user gave it; default: in MiB).
 
     Returns:
       A list of dicts: ``strategy``, ``depth``, ``budget_bytes``, ``batch_size`` (largest that
@@ -30,7 +31,7 @@ def find_budget_batches(spec, strategies, depth, rows, budget, progress=False):
     def say(text):
         if progress:
             with lock:
-                print(f"budget {format_bytes(budget)}: {text}", file=sys.stderr, flush=True)
+                print(f"budget {label or format_bytes(budget)}: {text}", file=sys.stderr, flush=True)
 
     predictions = {}
     for strategy in strategies:

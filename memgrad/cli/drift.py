@@ -79,17 +79,21 @@ def measure_drift(spec, depth, batch_size):
     return rows
 
 
-def format_drift(rows, depth, batch_size) -> str:
-    """The drift section as text: one line per stack."""
+def format_drift(rows, where) -> str:
+    """The drift section as text: one line per stack (named as in the model), at the sweep
+    point ``where`` (e.g. ``'depth 16, batch 256'``)."""
     if not rows:
         return "reversible drift: the model has no reversible stack"
-    lines = [f"reversible drift (depth {'-' if depth is None else depth}, batch {batch_size}, one "
-             "training step; relative error of each block's rebuilt input):"]
+    lines = [f"reversible drift ({where}, one training step; relative error of each block's rebuilt input):"]
     width = max(len(r["stack"]) for r in rows)
     for row in rows:
-        verdict = ("NaN/inf at blocks " + ", ".join(map(str, row["nonfinite_blocks"])) if row["nonfinite_blocks"]
-                   else "above tolerance" if row["max_error"] > row["tolerance"] else "ok")
-        lines.append(f"  {row['stack']:<{width}}  {row['blocks']:>3} blocks in {row['invertible_dtype']:<8} "
-                     f"largest {row['max_error']:.1e} at block {row['worst_block']:<3} "
-                     f"(tolerance {row['tolerance']:g}): {verdict}")
+        if row["nonfinite_blocks"]:
+            found = "NaN/inf at blocks " + ", ".join(map(str, row["nonfinite_blocks"]))
+        elif row["max_error"] == 0:
+            found = "none: every block's input rebuilt exactly"
+        else:
+            verdict = "above" if row["max_error"] > row["tolerance"] else "within"
+            found = (f"largest {row['max_error']:.1e} at block {row['worst_block']}, {verdict} the tolerance "
+                     f"{row['tolerance']:g}" + (": ok" if verdict == "within" else ""))
+        lines.append(f"  {row['stack']:<{width}}  {row['blocks']:>3} blocks in {row['invertible_dtype']:<8} {found}")
     return "\n".join(lines)

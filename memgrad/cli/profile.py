@@ -17,15 +17,22 @@ import gc
 import json
 import os
 import platform
+import re
 import sys
 
 from memgrad.profiler import CATEGORIES
 from memgrad.cli.budget import find_budget_batches
 from memgrad.cli.timing import (  # noqa: F401 - TIMED_ROUNDS: the tests read it here
     SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS, time_side_by_side, time_steps)
-from memgrad.cli.report import format_budget, format_categories, format_oom, format_table, format_top, one_line, plot
+from memgrad.cli.report import (
+    MB, MIB, PEAK_BASIS, format_budget, format_categories, format_oom, format_table, format_top, one_line, plot,
+    point)
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
+# Printed under the table when the selective strategy was asked for.
+SELECTIVE_NOTE = ("selective: these steps run inside a tf.function, where TensorFlow's graph gradients already "
+                  "keep only what is needed, so selective layers save nothing here; they save memory in eager "
+                  "steps (docs/selective.md)")
 
 
 def _positive_int(text: str) -> int:
@@ -40,6 +47,11 @@ def _positive_int(text: str) -> int:
 
 class _Budget(collections.namedtuple("_Budget", "text bytes")):
     """A ``--budget`` as typed and in bytes."""
+
+    @property
+    def decimal(self) -> bool:
+        """Whether it was given in decimal units (kB, MB, GB, TB): then every figure is in MB."""
+        return re.search(r"\d\s*[kKMGT]B\s*$", self.text) is not None
 
 
 def _budget(text: str) -> _Budget:
@@ -168,7 +180,11 @@ def _progress(total, enabled):
         from tqdm import tqdm
     except ImportError:  # the [cli] extra is not installed: no bar, same results
         return None
-    return tqdm(total=total, desc="memgrad-profile", unit="step", file=sys.stderr, leave=False)
+    # Counted in profiled points (a strategy at one depth and batch size: a trace, the profiled
+    # steps and the timed ones), said in words: a rate per point would read as a step's time.
+    return tqdm(total=total, desc="memgrad-profile", file=sys.stderr, leave=False,
+                bar_format="{desc}: {n} of {total} points profiled |{bar}| {elapsed} so far, about {remaining} "
+                           "left{postfix}")
 
 
 def run_sweep(spec, strategies, depths, batch_sizes, device, repeats=3, progress=True, top=None):
@@ -253,7 +269,7 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
             fast = []  # rows of steps under FAST_STEP_S: timed side by side once all are profiled
             for strategy in strategies:
                 if bar is not None:
-                    bar.set_postfix_str(f"{strategy} depth={depth} batch={batch_size}")
+                    bar.set_postfix_str(f"{strategy}, {point(depth, batch_size, spec.source)}")
                 # Each workload is profiled alone: another one alive would change the allocator's
                 # layout (and so the peak: BFC rounds a buffer up to its chunk) and fill the device.
                 step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
@@ -358,8 +374,8 @@ def _run(args) -> int:
         strategies = sweep.check_strategies(spec, args.strategies)
     elif spec.source == "coupling":
         strategies = HEADLINE_STRATEGIES
-    else:
-        strategies = spec.strategies
+    else:  # selective layers change nothing in the command's tf.function steps: only when asked
+        strategies = tuple(s for s in spec.strategies if s != "selective")
     if "plain" in strategies:  # measured first: the others are compared with it
         strategies = ("plain",) + tuple(s for s in strategies if s != "plain")
     if spec.kind == "file":
@@ -373,43 +389,46 @@ def _run(args) -> int:
 
     deepest = max((d for d in depths if d is not None), default=None)
     top = (deepest, batch_sizes[0], args.top) if args.top else None
+    unit = MB if args.budget and args.budget.decimal else MIB
     rows = run_sweep(spec, strategies, depths, batch_sizes, device, args.repeats, not args.no_progress, top)
     title = (f"memgrad-profile: {spec.source}" + (f" width {spec.width}" if spec.source == "coupling" else "")
              + f", on {device}")
     print(title)
-    print(format_table(rows))
+    print(format_table(rows, unit))
+    if "selective" in strategies:
+        print(SELECTIVE_NOTE)
     if any(r["categories"] for r in rows if r["depth"] == deepest and r["batch_size"] == batch_sizes[0]):
         print()
-        print(format_categories(rows, deepest, batch_sizes[0]))
+        print(format_categories(rows, deepest, batch_sizes[0], unit))
     for row in rows:
         if row["oom_report"] is not None:
             print()
-            print(format_oom(row, rows))
+            print(format_oom(row, rows, unit))
     result = {
         "command": "memgrad-profile", "model": spec.source, "device": device, "strategies": list(strategies),
         "depths": depths, "batch_sizes": batch_sizes, "width": spec.width if spec.source == "coupling" else None,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "peak": PEAK_BASIS + " (peak_above_baseline_bytes; peak_bytes counts them too)",
         "versions": {"memgrad": memgrad.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
                      "python": platform.python_version()},
         "rows": [{k: v for k, v in row.items() if k != "top"} for row in rows], "budget": None, "top": None,
     }
     if args.budget:
         result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes,
-                                               progress=not args.no_progress)
+                                               progress=not args.no_progress, label=args.budget.text)
         print()
-        print(format_budget(result["budget"], args.budget.text))
+        print(format_budget(result["budget"], args.budget.text, unit, spec.source))
     if args.top:
         result["top"] = {r["strategy"]: dict(r["top"], depth=deepest, batch_size=batch_sizes[0])
                          for r in rows if "top" in r}
         for strategy, found in result["top"].items():
             print()
-            print(format_top(strategy, found))
+            print(format_top(strategy, found, spec.source, unit))
     result["drift"] = None
     reversible_fits = any(r["strategy"] == "reversible" and r["depth"] == deepest and r["batch_size"] == batch_sizes[0]
                           and not r["out_of_memory"] for r in rows)
     if "reversible" in strategies and not reversible_fits:
         print()
-        print(f"reversible drift: not measured (the step at depth {deepest}, batch {batch_sizes[0]} "
+        print(f"reversible drift: not measured (the step at {point(deepest, batch_sizes[0], spec.source)} "
               "ran out of memory)")
     elif "reversible" in strategies:
         from memgrad.cli.drift import format_drift, measure_drift
@@ -418,17 +437,17 @@ def _run(args) -> int:
         try:
             result["drift"] = measure_drift(spec, deepest, batch_sizes[0])
         except tf.errors.ResourceExhaustedError:  # the check keeps every block's input: more memory
-            print(f"reversible drift: not measured (the check ran out of memory at depth {deepest}, "
-                  f"batch {batch_sizes[0]})")
+            print(f"reversible drift: not measured (the check ran out of memory at "
+                  f"{point(deepest, batch_sizes[0], spec.source)})")
         else:
-            print(format_drift(result["drift"], deepest, batch_sizes[0]))
+            print(format_drift(result["drift"], point(deepest, batch_sizes[0], spec.source)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(result, out, indent=2)
         print(f"wrote {args.json}")
     if args.plot:
         try:
-            plot(rows, args.plot, title)
+            plot(rows, args.plot, title, unit)
             print(f"wrote {args.plot}")
         except ImportError as error:
             print(f"no plot: {error.name or 'matplotlib'} is not installed "

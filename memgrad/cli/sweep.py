@@ -158,7 +158,7 @@ class _CouplingModel(keras.Model):
         # activations in float64 (its default) so that its gradients match that network's.
         reversible = strategy == "reversible"
         self.stack = rev.ReversibleSequence(self.blocks, plain_backprop=not reversible,
-                                            invertible_dtype="auto" if reversible else "float32")
+                                            invertible_dtype="auto" if reversible else "float32", name="couplings")
         self.stack.build((None, width))
 
     def call(self, x, training=None):
