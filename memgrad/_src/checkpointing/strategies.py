@@ -39,7 +39,13 @@ class Strategy:
     ``refine``: memgrad calls it after building each rewrite, with the gradients it made (in
     the traced graph, not yet run), and rewrites again with the plan it returns until it
     returns None. `Budget` uses it to measure each candidate plan's peak and move on to the
-    next while it is over the budget. Errors ``refine`` raises reach the caller.
+    next while it is over the budget. Errors ``refine`` raises reach the caller. What
+    ``plan`` hands to ``refine`` goes in the plan's ``strategy_state``.
+
+    memgrad's own strategies declare ``built_in = True`` on their class; leave it False in
+    yours (a subclass of a built-in strategy is yours too): your plans are then labelled with
+    your ``name``, and what your strategy raises reaches the caller instead of a warned
+    fallback to plain `tf.gradients`.
 
     Example:
       ```python

@@ -105,6 +105,29 @@ class LeanLayer:
     `lean_call` from their ``call``, whose signature Keras reads; a layer that keeps
     its input for its backward calls `share_kept_input` on it, so a masked ReLU before
     it need not keep a mask too.
+
+    Example:
+      ```python
+      class LeanScale(memgrad.selective.LeanLayer, Scale):   # Scale: y = x * w, a Keras layer
+          def call(self, inputs):
+              return self.lean_call(inputs)
+
+          def lean_weights(self):
+              return [self.w]
+
+          def lean_backward(self, inputs, outputs, wanted):
+              kept = inputs if wanted.weights else None      # x, only for w's gradient
+              w = tf.convert_to_tensor(self.w.value)
+
+              def backward(d_out):
+                  grads = [d_out * w if wanted.inputs else None]
+                  if wanted.weights:
+                      grads.append(tf.reduce_sum(d_out * kept, axis=0))
+                  return grads
+
+              return backward
+      ```
+      docs/design.md runs it whole.
     """
 
     def lean_weights(self) -> list:
