@@ -7,7 +7,7 @@ tf.GradientTape of the same forward in the same tf.function.
 
 Usage:
     python scripts/fuzz.py --graphs 1000 [--seed 0] [--jobs 2] [--start 0] [--only 17] [--loops]
-                           [--dtypes] [--higher]
+                           [--dtypes] [--higher] [--timeout 900]
 
 With --loops every graph holds at least one loop (tf.scan, tf.foldl, tf.map_fn, a
 tf.while_loop writing a TensorArray or running a data-dependent number of steps, a Keras
@@ -20,8 +20,10 @@ tf.gradients there), or has every strategy's gradient differentiated again by th
 strategy (against tf.gradients of tf.gradients), or both.
 
 Prints progress, then the distribution of the max relative error (per strategy and per
-graph), counts of crashes / wrong gradients / fallbacks / budget errors, and the repro
-(seed, index, graph description, error) of every failure. Exits 1 if anything failed.
+graph), counts of crashes / wrong gradients / hangs / fallbacks / budget errors, and the repro
+(seed, index, graph description, error) of every failure. A graph with no result within
+--timeout seconds is a `hang`: its worker process is stopped and the run goes on. Exits 1 if
+anything failed.
 """
 
 import argparse
@@ -39,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402  (after the path and environment above)
 
 from tests.checkpointing.random_graphs import (  # noqa: E402
-    DTYPES, FAILURES, HIGHER_KINDS, TOLERANCE, TOLERANCES, RandomChooser, check_graph, draw_spec,
+    DTYPES, FAILURES, HIGHER_KINDS, TOLERANCE, TOLERANCES, GraphResult, Outcome, RandomChooser, check_graph,
+    draw_spec,
 )
 
 
@@ -95,7 +98,7 @@ def summarize(results, seed, elapsed, loops=False, dtypes=False, higher=False):
         lines.append(f"  {'all':>8} (n={len(every):4d}): "
                      + "  ".join(f"{v:.2e}" for v in qs) + f"  {max(every):.2e}")
     strategies = sorted({s for s, _ in statuses})
-    kinds = ("ok", "wrong", "crash", "fallback", "noise", "budget_plain", "budget_error",
+    kinds = ("ok", "wrong", "crash", "hang", "fallback", "noise", "budget_plain", "budget_error",
              "cut_plain", "speed_plain")
     lines.append("outcomes: " + "  ".join(
         f"{kind}={sum(statuses[(s, kind)] for s in strategies)}" for kind in kinds)
@@ -120,15 +123,43 @@ def _check(args):
                                         dtypes=dtypes, higher=higher))
 
 
-def _results(seed, indices, jobs, loops=False, dtypes=False, higher=False):
-    """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one."""
+def _hung(work, timeout):
+    """The result of a graph that gave none within ``timeout`` seconds (its worker is stopped)."""
+    seed, index, loops, dtypes, higher = work
+    spec = draw_spec(RandomChooser(graph_seed(seed, index)), loops=loops, dtypes=dtypes, higher=higher)
+    return index, GraphResult(spec, [Outcome("graph", "hang", detail=(
+        f"no result in {timeout:g} s: tracing or running the step never finished (its worker "
+        "process was stopped)"))])
+
+
+def _results(seed, indices, jobs, loops=False, dtypes=False, higher=False, timeout=None):
+    """Yields `(index, GraphResult)` in order, from `jobs` processes when more than one, or
+    whenever there is a `timeout`: a graph with no result within it is reported as `hang`
+    and its pool of workers replaced, so one stuck graph cannot stop the run."""
     work = [(seed, i, loops, dtypes, higher) for i in indices]
-    if jobs <= 1:
+    if jobs <= 1 and not timeout:
         yield from map(_check, work)
         return
     context = multiprocessing.get_context("spawn")  # TensorFlow does not survive fork
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        yield from pool.map(_check, work)
+    while work:
+        pool = concurrent.futures.ProcessPoolExecutor(max(jobs, 1), mp_context=context)
+        futures = [pool.submit(_check, w) for w in work]
+        for position, future in enumerate(futures):
+            try:
+                yield future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                yield _hung(work[position], timeout)
+                done = [f.result() for f in futures[position + 1:] if f.done() and not f.exception()]
+                finished = {index for index, _ in done}
+                yield from sorted(done, key=lambda r: r[0])
+                work = [w for w in work[position + 1:] if w[1] not in finished]
+                for process in list(getattr(pool, "_processes", {}).values()):
+                    process.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
+                break
+        else:
+            pool.shutdown()
+            work = []
 
 
 def main(argv=None):
@@ -142,6 +173,10 @@ def main(argv=None):
     parser.add_argument("--every", type=int, default=100,
                         help="print the running summary every this many graphs")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds a graph may take before it is reported as a hang and its "
+                             "worker stopped (default: 900; 0: no limit, and with --jobs 1 no "
+                             "worker process)")
     parser.add_argument("--loops", action="store_true",
                         help="draw at least one loop into every graph")
     parser.add_argument("--dtypes", action="store_true",
@@ -153,7 +188,8 @@ def main(argv=None):
     indices = [args.only] if args.only is not None else range(args.start, args.start + args.graphs)
     results, start = [], time.perf_counter()
     drawn = dict(loops=args.loops, dtypes=args.dtypes, higher=args.higher)
-    for n, (i, result) in enumerate(_results(args.seed, indices, args.jobs, **drawn), 1):
+    runs = _results(args.seed, indices, args.jobs, timeout=args.timeout or None, **drawn)
+    for n, (i, result) in enumerate(runs, 1):
         spec = result.spec
         results.append((i, result))
         worst = max((o.error for o in result.outcomes if o.status in FAILURES or

@@ -555,7 +555,8 @@ class Outcome:
     budget_error: bool = False  # the budget raised BudgetError and was retried
 
 
-FAILURES = ("wrong", "crash", "fallback")
+# `hang`: scripts/fuzz.py's status for a graph with no result within its --timeout.
+FAILURES = ("wrong", "crash", "fallback", "hang")
 
 
 @dataclasses.dataclass
