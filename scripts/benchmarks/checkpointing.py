@@ -9,7 +9,7 @@ import tensorflow as tf
 import memgrad
 from memgrad.profiler.workloads import residual_chain
 
-from benchmarks.common import time_side_by_side
+from benchmarks.common import ratio_row, time_side_by_side
 
 
 def gradient_step(weights, loss_fn, gradients_fn):
@@ -57,15 +57,8 @@ def checkpointing_suite(rounds, batch=4096, width=128, depth=64):
              "plain": gradient_step(weights, loss_fn, tf.gradients)}
     seconds = time_side_by_side(steps, x, rounds)
     peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_bytes for key, step in steps.items()}
-    rows = [{
-        "suite": "checkpointing",
-        "case": f"checkpoints='memory', residual chain of {depth} layers, batch {batch}x{width}",
-        "time_ratio": seconds["memgrad"] / seconds["plain"],
-        "target": 1.3,
-        "ms_memgrad": seconds["memgrad"] * 1e3,
-        "ms_plain": seconds["plain"] * 1e3,
-        "memory_ratio": peaks["memgrad"] / peaks["plain"],
-    }]
+    rows = [ratio_row("checkpointing", f"checkpoints='memory', residual chain of {depth} layers, batch {batch}x{width}",
+                      1.3, seconds, peaks)]
     timings = _build_seconds(1250)
     total = timings["memgrad"]
     own = total - timings["memgrad_tf"]  # analysis + rewrite, without tf.gradients' own work

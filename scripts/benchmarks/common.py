@@ -63,3 +63,11 @@ def median_peak(step, x):
     """Median of three measured peaks: the executor's schedule moves each by a few MiB."""
     peaks = sorted(memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for _ in range(3))
     return peaks[1]
+
+
+def ratio_row(suite, case, target, seconds, peaks):
+    """A table row of memgrad's variant against plain backprop: ``seconds`` and ``peaks`` hold a
+    ``'memgrad'`` and a ``'plain'`` entry each; ``target`` bounds the time ratio."""
+    return {"suite": suite, "case": case, "time_ratio": seconds["memgrad"] / seconds["plain"],
+            "target": target, "ms_memgrad": seconds["memgrad"] * 1e3, "ms_plain": seconds["plain"] * 1e3,
+            "memory_ratio": peaks["memgrad"] / peaks["plain"]}

@@ -7,7 +7,7 @@ import tensorflow as tf
 import memgrad
 from memgrad.layers import AdditiveCoupling, AffineCoupling, ReversibleSequence
 
-from benchmarks.common import conv_net, time_side_by_side, training_step
+from benchmarks.common import conv_net, ratio_row, time_side_by_side, training_step
 
 
 def reversible_suite(rounds, batch=32, size=16, channels=64, depth=8):
@@ -37,13 +37,6 @@ def reversible_suite(rounds, batch=32, size=16, channels=64, depth=8):
                  "plain": training_step(plain, stack.trainable_variables)}
         seconds = time_side_by_side(steps, x, rounds)
         peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
-        rows.append({
-            "suite": "reversible",
-            "case": f"{name}, {depth} blocks, batch {batch}x{size}x{size}x{channels}",
-            "time_ratio": seconds["memgrad"] / seconds["plain"],
-            "target": targets[name],
-            "ms_memgrad": seconds["memgrad"] * 1e3,
-            "ms_plain": seconds["plain"] * 1e3,
-            "memory_ratio": peaks["memgrad"] / peaks["plain"],
-        })
+        rows.append(ratio_row("reversible", f"{name}, {depth} blocks, batch {batch}x{size}x{size}x{channels}",
+                              targets[name], seconds, peaks))
     return rows

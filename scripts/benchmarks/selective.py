@@ -11,7 +11,7 @@ import tensorflow as tf
 import memgrad
 from memgrad.profiler.workloads import conv_classifier
 
-from benchmarks.common import time_side_by_side
+from benchmarks.common import ratio_row, time_side_by_side
 
 
 def _eager_step(model, x, y):
@@ -38,16 +38,9 @@ def selective_suite(rounds, batch=32):
         steps = {"memgrad": _eager_step(memgrad.selective.convert(model), x, y), "plain": _eager_step(model, x, y)}
         seconds = time_side_by_side(steps, x, rounds)
         peaks = {key: memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes for key, step in steps.items()}
-        rows.append({
-            "suite": "selective",
-            "case": (f"16 conv-BN-ReLU layers, {'frozen backbone + trainable head' if frozen else 'all trainable'}"
-                     f", eager, batch {batch}x32x32"),
-            "time_ratio": seconds["memgrad"] / seconds["plain"],
-            "target": 1.05,
-            "ms_memgrad": seconds["memgrad"] * 1e3,
-            "ms_plain": seconds["plain"] * 1e3,
-            "memory_ratio": peaks["memgrad"] / peaks["plain"],
-        })
+        rows.append(ratio_row(
+            "selective", (f"16 conv-BN-ReLU layers, {'frozen backbone + trainable head' if frozen else 'all trainable'}"
+                          f", eager, batch {batch}x32x32"), 1.05, seconds, peaks))
     rows += finetune_rows(rounds)
     return rows
 
@@ -83,13 +76,6 @@ def finetune_rows(rounds):
             timed = {key: (lambda _, step=step: step()) for key, step in steps.items()}
             seconds = time_side_by_side(timed, None, rounds)
             peaks = {key: finetune_probe.step_peak(m, batch, graph) for key, m in (("memgrad", converted), ("plain", model))}
-            rows.append({
-                "suite": "selective",
-                "case": f"{title}, {'tf.function' if graph else 'eager'}, batch {batch}",
-                "time_ratio": seconds["memgrad"] / seconds["plain"],
-                "target": 1.05,
-                "ms_memgrad": seconds["memgrad"] * 1e3,
-                "ms_plain": seconds["plain"] * 1e3,
-                "memory_ratio": peaks["memgrad"] / peaks["plain"],
-            })
+            rows.append(ratio_row("selective", f"{title}, {'tf.function' if graph else 'eager'}, batch {batch}",
+                                  1.05, seconds, peaks))
     return rows

@@ -8,7 +8,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from benchmarks.common import median_peak, sgd_step, time_side_by_side
+from benchmarks.common import median_peak, ratio_row, sgd_step, time_side_by_side
 
 
 def _classifier_step(model):
@@ -55,6 +55,4 @@ def zoo_suite(rounds, batch=16, size=16):
 def _zoo_row(case, steps, x, rounds, target):
     seconds = time_side_by_side(steps, x, rounds)
     peaks = {key: median_peak(step, x) for key, step in steps.items()}
-    return {"suite": "zoo", "case": case, "time_ratio": seconds["memgrad"] / seconds["plain"],
-            "target": target, "ms_memgrad": seconds["memgrad"] * 1e3, "ms_plain": seconds["plain"] * 1e3,
-            "memory_ratio": peaks["memgrad"] / peaks["plain"]}
+    return ratio_row("zoo", case, target, seconds, peaks)
