@@ -136,15 +136,16 @@ class _FallBack(Exception):
         self.reason, self.plan = reason, plan
 
 
-def _guarded(step, strategy, function, *args):
-    """``function(*args)``; an internal failure of it becomes a fallback naming ``step``, while
-    what the caller caused (a budget no plan fits, a bad argument) is raised as it is."""
+def _guarded(step, strategy, function, *args, plan=None):
+    """``function(*args)``; an internal failure of it becomes a fallback naming ``step`` (with
+    ``plan``, the plan made so far), while what the caller caused (a budget no plan fits, a
+    bad argument) is raised as it is."""
     try:
         return function(*args)
     except Exception as error:  # noqa: BLE001 - what the caller caused is raised again
         if not is_internal_failure(error, strategy):
             raise
-        raise _FallBack(crash_reason(step, error)) from error
+        raise _FallBack(crash_reason(step, error), plan) from error
 
 
 def _forward_graph(call):
@@ -210,10 +211,8 @@ def _rewrite_and_refine(view, plan, call):
                                                    call.stop_gradients, loops=plan.loops)
         except Exception as error:  # noqa: BLE001 - any failure of the rewrite falls back
             raise _FallBack(crash_reason("building the rewrite", error), plan) from error
-        try:
-            following = _guarded("refining the plan", call.strategy, _refined, call.strategy, view, plan, grads)
-        except _FallBack as fallback:
-            raise _FallBack(fallback.reason, plan) from fallback
+        following = _guarded("refining the plan", call.strategy, _refined, call.strategy, view, plan, grads,
+                             plan=plan)
         if following is None:
             return grads, rewrite, plan
         plan = following
