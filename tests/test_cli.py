@@ -146,6 +146,16 @@ def test_drift_section_reports_every_block_of_every_reversible_stack():
     assert "NaN/inf at blocks 0, 2" in format_drift([dict(row, nonfinite_blocks=[0, 2])], "depth 4, batch 8")
 
 
+@pytest.mark.parametrize("text, decimal", [("24MB", True), ("512mb", True), ("1.5 GB", True), ("2000kB", True),
+                                           ("512MiB", False), ("512M", False), ("300000000", False)])
+def test_a_budget_in_decimal_units_shows_every_figure_in_mb(text, decimal):
+    """Decimal exactly where parse_bytes reads a power of 1000 (units are case-insensitive)."""
+    from memgrad.profiler import parse_bytes
+
+    budget = cli._budget(text)
+    assert budget.decimal is decimal and budget.bytes == parse_bytes(text)
+
+
 def _docs_sample(command):
     """The sample output in docs/profiler.md of ``$ <command>``, without its command line."""
     from tests.test_docs_examples import fenced_blocks

@@ -51,7 +51,7 @@ class _Budget(collections.namedtuple("_Budget", "text bytes")):
     @property
     def decimal(self) -> bool:
         """Whether it was given in decimal units (kB, MB, GB, TB): then every figure is in MB."""
-        return re.search(r"\d\s*[kKMGT]B\s*$", self.text) is not None
+        return re.search(r"\d\s*[kmgt]b\s*$", self.text, re.IGNORECASE) is not None  # as parse_bytes reads units
 
 
 def _budget(text: str) -> _Budget:
