@@ -26,7 +26,7 @@ from memgrad.cli.timing import (  # noqa: F401 - TIMED_ROUNDS: the tests read it
     SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS, time_side_by_side, time_steps)
 from memgrad.cli.report import (
     MB, MIB, PEAK_BASIS, format_budget, format_categories, format_oom, format_table, format_top, one_line, plot,
-    point)
+    point, profiled_at)
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
 # Printed under the table when the selective strategy was asked for.
@@ -397,7 +397,7 @@ def _run(args) -> int:
     print(format_table(rows, unit))
     if "selective" in strategies:
         print(SELECTIVE_NOTE)
-    if any(r["categories"] for r in rows if r["depth"] == deepest and r["batch_size"] == batch_sizes[0]):
+    if profiled_at(rows, deepest, batch_sizes[0]):
         print()
         print(format_categories(rows, deepest, batch_sizes[0], unit))
     for row in rows:

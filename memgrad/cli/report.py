@@ -32,9 +32,6 @@ def table_legend(unit=MIB) -> str:
         "time vs plain: time per step over plain backprop's, timed side by side")
 
 
-TABLE_LEGEND = table_legend()
-
-
 def model_name(source) -> str:
     """How a model is named in the output: a file by its name, a builder or zoo model as given."""
     return os.path.basename(source) if str(source).endswith(".keras") else str(source)
@@ -46,6 +43,8 @@ def point(depth, batch_size, source=None) -> str:
     if depth is None:
         return f"{model_name(source)}, batch {batch_size}" if source is not None else f"batch {batch_size}"
     return f"depth {depth}, batch {batch_size}"
+
+
 # Above this spread a time is noise more than a result: the table says so.
 NOISY_SPREAD = 0.10
 
@@ -91,10 +90,13 @@ def format_table(rows, unit=MIB) -> str:
     return "\n".join(lines)
 
 
-_CATEGORY_LABELS = {"weights": "weights", "optimizer": "optimizer state", "inputs_and_other": "inputs, other",
-                    "activations": "activations", "gradients": "weight gradients", "temporaries": "temporaries"}
 # What a step allocates above what is held before it, in the order the table and plot show it.
 STEP_PARTS = ("activations", "weight gradients", "temporaries", "other")
+
+
+def profiled_at(rows, depth, batch_size) -> list:
+    """The rows of one sweep point whose step was profiled (that have categories)."""
+    return [r for r in rows if r["depth"] == depth and r["batch_size"] == batch_size and r["categories"]]
 
 
 def step_parts(row) -> dict:
@@ -113,7 +115,7 @@ def step_parts(row) -> dict:
 def format_categories(rows, depth, batch_size, unit=MIB) -> str:
     """What each strategy's peak holds at one point, in ``unit``, above the weights and inputs
     (the table's basis), and what was held before the step."""
-    chosen = [r for r in rows if r["depth"] == depth and r["batch_size"] == batch_size and r["categories"]]
+    chosen = profiled_at(rows, depth, batch_size)
     parts = [step_parts(r) for r in chosen]
     header = f"{'  ' + unit.name:<24}" + "".join(f"{r['strategy']:>12}" for r in chosen)
     lines = [f"what the peak holds ({point(depth, batch_size, chosen[0]['model'] if chosen else None)}), "
@@ -232,7 +234,7 @@ def _plot_categories(ax, rows, plt, unit) -> None:
     depths = [r["depth"] for r in rows if r["depth"] is not None]
     depth = max(depths) if depths else None
     batch = min(r["batch_size"] for r in rows)
-    chosen = [r for r in rows if r["depth"] == depth and r["batch_size"] == batch and r["categories"]]
+    chosen = profiled_at(rows, depth, batch)
     parts = [step_parts(r) for r in chosen]
     colors = plt.get_cmap("tab10").colors
     bottoms = [0.0] * len(chosen)
