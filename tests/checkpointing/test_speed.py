@@ -124,3 +124,70 @@ def test_a_chain_of_concatenations_is_recomputed_once_not_once_per_later_layer()
         assert len(concats) == layers - 1, rewrite.plan.tensors  # each one a later layer reads
         copied[layers] = rewrite.copied_ops
     assert copied[16] <= 2.1 * copied[8], copied  # linear in the depth
+
+
+def _conv_bn_relu_net(blocks=3, channels=8, seed=0):
+    """keras.applications' ResNet pattern: a biased convolution, BatchNormalization, ReLU."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, channels))
+    h = inputs
+    for _ in range(blocks):
+        y = keras.layers.Conv2D(channels, 3, padding="same")(h)
+        y = keras.layers.BatchNormalization()(y)
+        h = keras.layers.Activation("relu")(h + y)
+    return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+def test_batch_normalisation_after_a_biased_convolution_is_not_recomputed():
+    """BatchNormalization's gradient reads the bias's output, the convolution's size: keeping
+    the convolution's output instead frees nothing, and recomputing the batch statistics
+    from it cost 1.14x plain's time on ResNet50 for 0.88x of its peak. The bias's output
+    stays kept: only the last block, whose ReLU output no product reads (plain backprop
+    keeps it for the ReLU alone), is recomputed from its convolution's output, so what runs
+    twice does not grow with the depth."""
+    recomputed = {}
+    for blocks in (3, 6):
+        model = _conv_bn_relu_net(blocks)
+        weights = model.trainable_variables
+
+        @tf.function
+        def step(x):
+            loss = tf.reduce_mean(model(x, training=True) ** 2)
+            return tf.gradients(loss, weights), memgrad.gradients(loss, weights, checkpoints="speed")
+
+        with memgrad.record_rewrites() as log:
+            plain, mine = step(tf.random.stateless_normal([4, 8, 8, 8], [1, 2]))
+        for a, b in zip(plain, mine):
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
+        record = log[-1]
+        assert not record.fallback, record
+        kept_convolutions = [t for t in record.plan.tensors if t.op.type == "Conv2D"]
+        assert len(kept_convolutions) == 1, kept_convolutions
+        recomputed[blocks] = record.recomputed_ops
+    assert recomputed[6] == recomputed[3], recomputed
+
+
+def test_a_segment_whose_gradient_reads_only_kept_tensors_is_not_copied():
+    """Keeping every tensor plain backprop keeps, each segment's gradient is taken on the
+    original ops: nothing is copied or recomputed, and the gradients are plain's."""
+    w = tf.Variable(tf.random.stateless_normal([16, 16], [0, 1]) * 0.3)
+
+    @tf.function
+    def step(x):
+        h = tf.sin(x)
+        kept = []
+        for _ in range(4):
+            t = tf.tanh(h @ w)  # TanhGrad reads t; MatMul's gradient reads h
+            kept += [h, t]
+            h = h + t
+        loss = tf.reduce_sum(h ** 2)
+        mine = memgrad.gradients(loss, [x, w], checkpoints=kept + [h])
+        return tf.gradients(loss, [x, w]), mine
+
+    with memgrad.record_rewrites() as log:
+        plain, mine = step(tf.random.stateless_normal([8, 16], [2, 3]))
+    for a, b in zip(plain, mine):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+    record = log[-1]
+    assert not record.fallback and record.copied_ops == 0, record
+    assert record.in_place_segments >= 4, record

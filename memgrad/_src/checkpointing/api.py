@@ -121,6 +121,7 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         return _fall_back(plain, plan.mode if plan is not None else call.mode, plan, fallback.reason)
     record(
         copied_ops=rewrite.copied_ops, recomputed_ops=rewrite.recomputed_ops(), segments=rewrite.segments,
+        in_place_segments=rewrite.in_place_segments,
         gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors), mode=plan.mode,
         estimated_bytes=plan.estimated_bytes, plan=plan, loops=tuple(rewrite.loops.records))
     if call.unconnected == tf.UnconnectedGradients.ZERO:

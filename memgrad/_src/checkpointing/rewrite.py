@@ -35,7 +35,7 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.checkpointing.aggregate import GradientParts, aggregate, dense, dense_parts
 from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
-from memgrad._src.graph.memory_model import gradient_function
+from memgrad._src.graph.memory_model import gradient_function, inputs_from_outside, reads_only
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
 from memgrad._src.recompute import Gate
 
@@ -50,6 +50,7 @@ class _Rewrite:
         self.gradient_seconds = 0.0  # spent in TensorFlow's own gradient construction
         self.copies = []  # every op `copy` made, in the order made
         self.segments = 0
+        self.in_place_segments = 0  # segments differentiated on the original ops
         self.loops = LoopGradients(
             loops, xla=tf_internals.graph_or_parents_in_xla_context(self.graph))
         self.checkpoints = {}
@@ -318,11 +319,24 @@ class _Rewrite:
                 parts.route(t, grad)
         if regular:
             ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
-            mapping, ports = self.copy(ops, self.gate_for(regular, incoming, previous))
-            grads = self.gradients_fn(
-                [mapping[t.ref()] for t in regular], [port for _, port in ports],
-                grad_ys=[incoming[t.ref()] for t in regular], **self.kwargs,
-            )
+            grad_ys = [incoming[t.ref()] for t in regular]
+            if reads_only(view, ops, self.stop):
+                # Nothing its gradient reads needs recomputing: differentiated on the
+                # original ops, like the last segment, with no copy and no gate. (A 'speed'
+                # plan keeps all plain backprop keeps around a BatchNormalization: a copy
+                # re-ran the batch statistics only to read its outputs, not the kept ones.)
+                outside = inputs_from_outside(ops)
+                ports = [(t, t) for t in outside if self._port_target(t)]
+                grads = self.gradients_fn(
+                    regular, [t for t, _ in ports], grad_ys=grad_ys,
+                    stop_gradients=outside, **self.kwargs)
+                self.in_place_segments += 1
+            else:
+                mapping, ports = self.copy(ops, self.gate_for(regular, incoming, previous))
+                grads = self.gradients_fn(
+                    [mapping[t.ref()] for t in regular], [port for _, port in ports],
+                    grad_ys=grad_ys, **self.kwargs,
+                )
             self.segments += 1
             previous = []
             for (t, _), grad in zip(ports, grads):

@@ -15,7 +15,9 @@ class RewriteRecord:
     Attributes:
       mode: the strategy's name (``'memory'``, ``'speed'``, ``'collection'``, ``'list'``,
         ``'budget'``, a user strategy's ``name``), or ``'unconnected'``.
-      segments: segments of the forward pass recomputed separately (0: no rewrite).
+      segments: segments of the forward pass differentiated separately (0: no rewrite).
+      in_place_segments: of those, the segments whose gradients read only kept tensors:
+        differentiated on the original ops, with nothing copied or recomputed.
       copied_ops: forward ops copied for recomputation.
       recomputed_ops: the copies that run: those some gradient reads, directly or through
         other copies. TensorFlow prunes the rest before the step runs (a copied matrix
@@ -46,6 +48,7 @@ class RewriteRecord:
     loops: tuple = ()
     fallback_reason: str = ""
     recomputed_ops: int = 0
+    in_place_segments: int = 0
 
 
 @contextlib.contextmanager

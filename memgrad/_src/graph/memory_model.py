@@ -96,6 +96,36 @@ def differentiated_inputs(view, op):
         view.is_forward(t.op) or view.x_index(t) is not None))
 
 
+def reads_only(view, ops, kept):
+    """Whether every tensor the gradients of ``ops`` read is in ``kept`` (refs) or made by an
+    op a recomputation never copies (`ForwardGraph.walkable`): then differentiating ``ops``
+    themselves, after the forward pass, keeps nothing alive beyond those tensors.
+
+    Example:
+      ```python
+      reads_only(view, {tanh_op}, {tanh_op.outputs[0].ref()})  # True: TanhGrad reads the output
+      ```
+    """
+    for op in ops:
+        ins, outs = gradient_reads(op, differentiated_inputs(view, op))
+        read = [op.inputs[i] for i in ins if i < len(op.inputs)]
+        read += [op.outputs[j] for j in outs if j < len(op.outputs)]
+        if any(t.ref() not in kept and view.walkable(t.op) for t in read):
+            return False
+    return True
+
+
+def inputs_from_outside(ops):
+    """The tensors ``ops`` read that none of them makes, in a fixed order (by op name)."""
+    made = {t.ref() for op in ops for t in op.outputs}
+    inputs = {}
+    for op in sorted(ops, key=lambda o: o.name):
+        for t in op.inputs:
+            if t.ref() not in made:
+                inputs.setdefault(t.ref(), t)
+    return list(inputs.values())
+
+
 _FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
