@@ -28,6 +28,7 @@ from benchmarks.recompute import recompute_suite
 from benchmarks.report import markdown, missed
 from benchmarks.reversible import reversible_suite
 from benchmarks.selective import selective_suite
+from benchmarks.speed import speed_suite
 from benchmarks.xla import xla_suite
 from benchmarks.zoo import zoo_suite
 
@@ -41,6 +42,7 @@ SUITES = {
     "checkpointing": checkpointing_suite,
     "reversible": reversible_suite,
     "selective": selective_suite,
+    "speed": speed_suite,
     "xla": xla_suite,
     "zoo": zoo_suite,
 }

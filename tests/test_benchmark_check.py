@@ -26,6 +26,8 @@ MET = [
     {"suite": "peers", "case": "a peer", "variant": "x", "failure": "it raised"},
     _row("higher", 1.9, 0.80, variant="memory", gradient_error=1e-6, calls="2 / 0 / 0"),
     _row("higher", 1.0, 1.25, variant="memory inner, plain outer", gradient_error=1e-6, calls="1 / 0 / 0"),
+    _row("speed", 1.05, 0.90, variant="memgrad 'speed'"),
+    _row("speed", 1.50, 1.00, variant="plain"),  # the baseline: no target of its own
 ]
 MISSED = [
     _row("zoo", 1.31, target=1.3),
@@ -35,6 +37,7 @@ MISSED = [
     _row("loops", 1.41, 0.30, variant="memgrad.GradientTape('memory')"),
     _row("higher", 1.9, 0.95, variant="memory", gradient_error=1e-6, calls="2 / 0 / 0"),
     _row("higher", 1.9, 0.80, variant="memory", gradient_error=2e-5, calls="2 / 0 / 0"),
+    _row("speed", 1.06, 0.90, variant="memgrad 'speed'"),
 ]
 
 
@@ -46,7 +49,8 @@ def test_every_kind_of_target_is_checked():
     assert "(missed)" in lines[1] and "[memgrad XLA]: time 1.36x > 1.35x" in lines[2]
     assert "peak 0.36x (<= 0.35x)" in lines[3] and "time 1.41x (<= 1.4x)" in lines[4]
     assert "peak 0.95x (<= 0.9x)" in lines[5] and "gradient error 2.0e-05 (<= 1e-05)" in lines[6]
-    table = benchmark.markdown(MET[-2:])  # the gradients-of-gradients table
+    assert lines[7] == "speed: a speed case [memgrad 'speed']: time 1.06x > 1.05x"
+    table = benchmark.markdown(MET[-4:-2])  # the gradients-of-gradients table
     assert "| memory | 1.90x | 2.0 | 0.80x | 1.0 | 1.0e-06 | 2 / 0 / 0 |" in table
 
 

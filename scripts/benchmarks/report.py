@@ -11,6 +11,7 @@ import tensorflow as tf
 import memgrad
 
 from benchmarks.higher import HIGHER_TARGETS
+from benchmarks.speed import SPEED_TIME_TARGET
 
 
 XLA_TIME_TARGET = 1.35  # memgrad under XLA vs plain XLA
@@ -25,7 +26,7 @@ LONG_TARGETS = (0.10, 1.4)  # the same over 4,096 steps
 def missed(rows):
     """One line per stated target the run missed (the table's "missed"): a row's time ratio
     over its ``target``, a ``target_text`` saying missed, memgrad XLA over 1.35x plain XLA's
-    time, memgrad through loops over 0.35x plain's peak or 1.4x its time (0.10x over 4,096 steps)."""
+    time, 'speed' over 1.05x plain's time, memgrad through loops over 0.35x plain's peak or 1.4x its time (0.10x over 4,096 steps)."""
     lines = []
     for row in rows:
         if row.get("failure"):
@@ -44,6 +45,8 @@ def missed(rows):
             if row["memory_ratio"] > peak or row["gradient_error"] > tolerance:
                 lines.append(f"{name}: peak {row['memory_ratio']:.2f}x (<= {peak}x), "
                              f"gradient error {row['gradient_error']:.1e} (<= {tolerance:.0e})")
+        elif row["suite"] == "speed" and row["variant"] != "plain" and row["time_ratio"] > SPEED_TIME_TARGET:
+            lines.append(f"{name}: time {row['time_ratio']:.2f}x > {SPEED_TIME_TARGET}x")
         elif row["suite"] in ("loops", "long") and str(row.get("variant", "")).startswith("memgrad"):
             peak, time_target = LOOPS_TARGETS if row["suite"] == "loops" else LONG_TARGETS
             if row["memory_ratio"] > peak or row["time_ratio"] > time_target:
@@ -89,7 +92,9 @@ def markdown(rows) -> str:
     recomputed = [row for row in rows if row["suite"] == "recompute"]
     xla = [row for row in rows if row["suite"] == "xla"]
     higher = [row for row in rows if row["suite"] == "higher"]
-    rows = [row for row in rows if row["suite"] not in ("peers", "recompute", "xla", "loops", "long", "higher")]
+    speed = [row for row in rows if row["suite"] == "speed"]
+    rows = [row for row in rows if row["suite"] not in ("peers", "recompute", "xla", "loops", "long", "higher",
+                                                        "speed")]
     if not rows:
         lines = lines[:2]
     for row in rows:
@@ -106,6 +111,10 @@ def markdown(rows) -> str:
         lines += variant_table(
             ["Peers: other tools that trade compute for memory, each measured in the same run against plain",
              "backprop of the same network (peak: median of three, above the weights)."], peers)
+    if speed:
+        lines += variant_table(
+            ["'speed' on keras.applications models, each against plain backprop in the same run (target: "
+             f"time <= {SPEED_TIME_TARGET}x plain's)."], speed)
     if looped:
         lines += variant_table(
             ["Loops: one SGD step through recurrent layers, every variant against plain backprop of the",

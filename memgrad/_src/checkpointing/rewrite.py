@@ -10,6 +10,8 @@ loss back to the inputs:
    copied: the ops from the previous checkpoints up to the group are created again, reading
    the kept checkpoints through fresh identity "ports". Its gradient is taken from the copy
    with respect to the ports: nothing of the forward pass beyond the checkpoints is read.
+   A segment whose gradients read only kept tensors needs no copy: its gradient is taken
+   on the original ops, with the gradients stopped at the kept tensors.
 3. Every port and copied root op carries a control dependency on the group's incoming
    gradient and on the previous segment's gradients, so the executor cannot recompute a
    segment early, while the forward pass runs (it would then hold its memory for nothing).
