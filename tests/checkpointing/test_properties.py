@@ -140,3 +140,16 @@ def test_a_fuzz_graph_once_wrong_is_exact_or_a_warned_fallback():
         result = check_graph(spec)
     statuses = [o.status for o in result.outcomes]
     assert not [s for s in statuses if s in ("wrong", "crash")], result.report()
+
+
+# A graph of `python scripts/fuzz.py --seed 6` (two data-dependent tf.conds, each branch a
+# function call): a segment reading only kept tensors, one of them a call's output, was
+# differentiated in place with tf.gradients stopped at that output, which gave the call a
+# SymbolicGradient node that failed when it ran (every strategy crashed). Such a segment is
+# copied now.
+def test_a_fuzz_graph_once_crashing_after_a_function_call_matches():
+    spec = draw_spec(RandomChooser("6:18"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_graph(spec)
+    assert not result.failures, result.report()

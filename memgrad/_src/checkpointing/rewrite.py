@@ -322,12 +322,16 @@ class _Rewrite:
         if regular:
             ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
             grad_ys = [incoming[t.ref()] for t in regular]
-            if reads_only(view, ops, self.stop):
+            outside = inputs_from_outside(ops)
+            # tf.gradients stopped at a function call's output gives the call a
+            # SymbolicGradient node, which fails when it runs (see `last_segment`): such a
+            # segment is copied, its copy reading the call's outputs through ports.
+            if reads_only(view, ops, self.stop) and not any(
+                    is_function_call(t.op) for t in outside):
                 # Nothing its gradient reads needs recomputing: differentiated on the
                 # original ops, like the last segment, with no copy and no gate. (A 'speed'
                 # plan keeps all plain backprop keeps around a BatchNormalization: a copy
                 # re-ran the batch statistics only to read its outputs, not the kept ones.)
-                outside = inputs_from_outside(ops)
                 ports = [(t, t) for t in outside if self._port_target(t)]
                 grads = self.gradients_fn(
                     regular, [t for t, _ in ports], grad_ys=grad_ys,
