@@ -20,7 +20,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from memgrad._src.graph.memory_model import differentiated_inputs, gradient_reads
+from memgrad._src.graph.memory_model import tensors_read
 from memgrad._src.graph.separators import cut_profile, single_tensor_separators
 from memgrad._src.graph.view import EXPENSIVE_TYPES
 
@@ -288,15 +288,9 @@ def _gradient_read(view):
     keeps for the backward pass)."""
     read = set()
     for op in view.activation_ops:
-        ins, outs = gradient_reads(op, differentiated_inputs(view, op))
-        # (Indices past the op's own inputs or outputs can come from the probe's cache,
-        # which ops of one signature share.)
-        for i in ins:
-            if i < len(op.inputs) and view.is_activation(op.inputs[i]):
-                read.add(op.inputs[i].ref())
-        for j in outs:
-            if j < len(op.outputs):
-                read.add(op.outputs[j].ref())
+        ins, outs = tensors_read(view, op)
+        read.update(t.ref() for t in ins if view.is_activation(t))
+        read.update(t.ref() for t in outs)
     return read
 
 

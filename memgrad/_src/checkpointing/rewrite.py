@@ -322,16 +322,8 @@ class _Rewrite:
         if regular:
             ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
             grad_ys = [incoming[t.ref()] for t in regular]
-            outside = inputs_from_outside(ops)
-            # tf.gradients stopped at a function call's output gives the call a
-            # SymbolicGradient node, which fails when it runs (see `last_segment`): such a
-            # segment is copied, its copy reading the call's outputs through ports.
-            if reads_only(view, ops, self.stop) and not any(
-                    is_function_call(t.op) for t in outside):
-                # Nothing its gradient reads needs recomputing: differentiated on the
-                # original ops, like the last segment, with no copy and no gate. (A 'speed'
-                # plan keeps all plain backprop keeps around a BatchNormalization: a copy
-                # re-ran the batch statistics only to read its outputs, not the kept ones.)
+            outside = self._in_place_inputs(ops)
+            if outside is not None:
                 ports = [(t, t) for t in outside if self._port_target(t)]
                 grads = self.gradients_fn(
                     regular, [t for t, _ in ports], grad_ys=grad_ys,
@@ -361,6 +353,18 @@ class _Rewrite:
                 # x is among outs) and the part through the unit's own ops downstream of x.
                 parts.kept[x.ref()] = [grad] if grad is not None else []
         return previous
+
+    def _in_place_inputs(self, ops):
+        """The inputs of a segment (``ops``) whose gradients read only kept tensors, to
+        differentiate it on the original ops (no copy, no gate); None where it is copied: it
+        reads a tensor to recompute, or a function call's output (tf.gradients stopped there
+        gives the call a SymbolicGradient node, which fails when it runs: `last_segment`)."""
+        if not reads_only(self.view, ops, self.stop):
+            return None
+        outside = inputs_from_outside(ops)
+        if any(is_function_call(t.op) for t in outside):
+            return None
+        return outside
 
     def _xs_inside(self, unit):
         """The xs computed by ops of a unit of several ops, once each, in forward order.

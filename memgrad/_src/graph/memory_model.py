@@ -96,6 +96,16 @@ def differentiated_inputs(view, op):
         view.is_forward(t.op) or view.x_index(t) is not None))
 
 
+def tensors_read(view, op):
+    """The inputs and the outputs of ``op`` its gradient reads in backprop of ``view``
+    (`gradient_reads` of the inputs backprop differentiates): two lists of tensors."""
+    ins, outs = gradient_reads(op, differentiated_inputs(view, op))
+    # (Indices past the op's own inputs or outputs can come from the probe's cache, which
+    # ops of one signature share.)
+    return ([op.inputs[i] for i in sorted(ins) if i < len(op.inputs)],
+            [op.outputs[j] for j in sorted(outs) if j < len(op.outputs)])
+
+
 def reads_only(view, ops, kept):
     """Whether every tensor the gradients of ``ops`` read is in ``kept`` (refs) or made by an
     op a recomputation never copies (`ForwardGraph.walkable`): then differentiating ``ops``
@@ -107,10 +117,8 @@ def reads_only(view, ops, kept):
       ```
     """
     for op in ops:
-        ins, outs = gradient_reads(op, differentiated_inputs(view, op))
-        read = [op.inputs[i] for i in ins if i < len(op.inputs)]
-        read += [op.outputs[j] for j in outs if j < len(op.outputs)]
-        if any(t.ref() not in kept and view.walkable(t.op) for t in read):
+        ins, outs = tensors_read(view, op)
+        if any(t.ref() not in kept and view.walkable(t.op) for t in ins + outs):
             return False
     return True
 
