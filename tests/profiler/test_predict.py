@@ -85,6 +85,10 @@ def test_bad_input_names_what_was_expected():
         predict_peak(step, tf.TensorSpec([8, 256]), device="TPU:7")
     with pytest.raises(ValueError, match="1 <= low <= high"):
         predict_max_batch_size(lambda b: (step, tf.TensorSpec([b, 256])), "1GiB", low=0)
+    with pytest.raises(ValueError, match=r"start to be an int in \[low, high\] = \[1, 64\]. Received: 65"):
+        predict_max_batch_size(lambda b: (step, tf.TensorSpec([b, 256])), "1GiB", high=64, start=65)
+    with pytest.raises(ValueError, match="0 <= rtol < 1. Received: 1.5"):
+        predict_max_batch_size(lambda b: (step, tf.TensorSpec([b, 256])), "1GiB", rtol=1.5)
     with pytest.raises(ValueError, match=r"\(fn, args\) or \(fn, args, kwargs\)"):
         predict_max_batch_size(lambda b: step, "1GiB")
 
@@ -102,6 +106,13 @@ def test_predicted_max_batch_is_the_largest_whose_prediction_fits():
     assert predict_peak(step, tf.TensorSpec([found.batch_size + 1, 256])).peak_bytes > limit
     assert len(found.probes) <= 12  # a line, then bisection: not a scan
     assert predict_max_batch_size(build, 1024).batch_size == 0  # not even one row fits
+    # A tolerance stops once the limit is bracketed that closely, a first guess near the
+    # answer skips the sizes below it: fewer traces, an answer within the tolerance.
+    near = predict_max_batch_size(build, limit, high=4096, start=512, rtol=0.05)
+    assert 0.95 * found.batch_size <= near.batch_size <= found.batch_size
+    assert near.probes[0][0] == 512 and len(near.probes) < len(found.probes)
+    failing = min(batch for batch, peak in near.probes if peak > limit)
+    assert failing - near.batch_size <= 0.05 * near.batch_size
 
 
 @pytest.mark.memory

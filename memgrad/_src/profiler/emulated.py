@@ -14,7 +14,7 @@ import re
 import time
 
 from memgrad._src.profiler.fresh import FreshProcessError, check_target, run_in_fresh_process
-from memgrad._src.profiler.search import largest_fitting
+from memgrad._src.profiler.search import check_search_arguments, largest_fitting
 from memgrad._src.units import format_bytes, parse_bytes
 
 
@@ -238,12 +238,7 @@ def max_batch_size(target, limit, kwargs=None, *, batch_arg="batch_size", low=1,
       >>> search.batch_size > 0
       True
     """
-    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
-        raise ValueError(f"Expected integers 1 <= low <= high. Received: low={low!r}, high={high!r}")
-    if start is not None and not (isinstance(start, int) and low <= start <= high):
-        raise ValueError(f"Expected start to be an int in [low, high] = [{low}, {high}]. Received: {start!r}")
-    if not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
-        raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
+    check_search_arguments(low, high, start, rtol)
     if on_probe is not None and not callable(on_probe):
         raise TypeError(f"Expected on_probe to be a callable or None. Received: {on_probe!r}")
     _checked_env(env)

@@ -5,6 +5,16 @@ so the search aims each one where the peaks seen so far say the limit is."""
 from __future__ import annotations
 
 
+def check_search_arguments(low, high, start, rtol):
+    """Raises ValueError for bounds, a first guess or a tolerance the search cannot use."""
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+        raise ValueError(f"Expected integers 1 <= low <= high. Received: low={low!r}, high={high!r}")
+    if start is not None and not (isinstance(start, int) and low <= start <= high):
+        raise ValueError(f"Expected start to be an int in [low, high] = [{low}, {high}]. Received: {start!r}")
+    if not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
+        raise ValueError(f"Expected 0 <= rtol < 1. Received: {rtol!r}")
+
+
 def largest_fitting(probe, low, high, limit_bytes, *, start=None, rtol=0.0, aim=True):
     """The largest batch size in ``[low, high]`` for which ``probe`` fits, in few probes.
 
