@@ -65,7 +65,10 @@ def test_the_port_holds_at_least_100_cases_and_the_matrix_covers_them():
 IN_CI = [i for i, case in enumerate(port.CASES) if case.order <= 2]
 
 
-@pytest.mark.parametrize("index", IN_CI,
+# The XLA-compiled half (the path GPU users get by default) takes 1-8 s a case, the rest
+# under a second: it runs in CI's slow lane, out of the fast inner loop.
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow) if _slice(i)[1] else i
+                                   for i in IN_CI],
                          ids=[f"{i}-{_slice(i)[0]}{'-xla' if _slice(i)[1] else ''}"
                               for i in IN_CI])
 def test_a_case_through_its_entry_point_ends_as_committed(index):

@@ -350,7 +350,8 @@ def test_three_nested_memgrad_tapes_over_a_loop_give_the_third_derivative(record
 
 
 # ---------------------------------------------------------------------- quiet nested tapes
-@pytest.mark.parametrize("checkpoints", ["memory", "speed"])
+# 8-15 s each: 'speed' runs in CI's slow lane.
+@pytest.mark.parametrize("checkpoints", ["memory", pytest.param("speed", marks=pytest.mark.slow)])
 def test_nested_memgrad_tapes_over_keras_lstms_rewrite_both_gradients(recorded, checkpoints):
     """A Hessian-vector product through two Keras LSTM layers under nested memgrad tapes.
     With both tapes recording, TensorFlow wrapped each loop in a function call (for the
@@ -567,8 +568,13 @@ def test_what_the_caller_caused_is_still_raised(monkeypatch):
         user_strategy(_X)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("checkpoints", ["memory", "collection"])
+# 4-5 s each: each entry point and each strategy in the fast tests, the other two pairs in
+# CI's slow lane.
+@pytest.mark.parametrize("checkpoints, entry", [
+    ("collection", "gradients"), ("memory", "tape"),
+    pytest.param("memory", "gradients", marks=pytest.mark.slow),
+    pytest.param("collection", "tape", marks=pytest.mark.slow),
+])
 def test_a_third_derivative_through_a_loop_is_rewritten_exactly(checkpoints, entry, recorded):
     """memgrad on the graph of its own loop gradients: the forward loop and its gradient
     loops share TensorLists and are one unit, which used to leave out the ops between them
