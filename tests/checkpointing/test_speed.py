@@ -182,4 +182,3 @@ def test_a_segment_whose_gradient_reads_only_kept_tensors_is_not_copied():
     record = log[-1]
     assert not record.fallback and record.copied_ops == 0, record
     assert record.in_place_segments >= 4, record
-

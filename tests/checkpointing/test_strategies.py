@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 import memgrad
+from memgrad._src.checkpointing import api as checkpointing_api
 from memgrad.strategies import Budget, Collection, Memory, Speed, Strategy, Tensors
 from tests.checkpointing.models import max_relative_error, rewritten
-from memgrad._src.checkpointing import api as checkpointing_api
 
 
 class EveryThirdAdd(Strategy):
