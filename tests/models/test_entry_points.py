@@ -81,3 +81,29 @@ def test_memgrad_zoo_without_a_model_names_the_choices(capsys):
         main(["mnist"])
     assert exit_info.value.code == 2
     assert "expected a model in revnet, resnet, densenet, glow. Received: 'mnist'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["revnet", "glow"])
+def test_training_traces_the_step_once(kind):
+    """The model, its optimizer and its metrics are built before `fit`: variables made while
+    Keras traces the first step would make TensorFlow trace it twice."""
+    from memgrad_zoo import data, glow, revnet
+    from memgrad_zoo.train import train_classifier, train_glow
+
+    (x, y), (x_test, y_test) = data.load_digits()
+    digits = ((x[:64], y[:64]), (x_test[:32], y_test[:32]))
+    if kind == "revnet":
+        model, train = revnet.revnet(14, input_shape=(8, 8, 1)), train_classifier
+    else:
+        model, train = glow.Glow((8, 8, 1), levels=1, steps=2, hidden=8), train_glow
+    traces = []
+    train_step = model.train_step
+
+    def counted(data):
+        traces.append(1)
+        return train_step(data)
+
+    model.train_step = counted
+    result = train(model, digits, epochs=1, batch_size=32, lr=1e-3, verbose=0)
+    assert len(traces) == 1
+    assert result["train_seconds"] > 0

@@ -210,6 +210,26 @@ def test_monitor_inside_tf_function_records_and_prints(capfd):
     assert "NaN or inf" in capfd.readouterr().err
 
 
+def test_a_built_monitored_stack_is_traced_once_by_a_tf_function():
+    """The monitor's variables exist once the stack is built: a first call that created them
+    would make TensorFlow trace the step twice."""
+    monitor = DriftMonitor(every=1)
+    stack = ReversibleSequence(make_blocks("affine", 2, 8), return_logdet=True, drift_monitor=monitor)
+    stack.build((None, 8))
+    traces = []
+
+    @tf.function
+    def step(x):
+        traces.append(x.shape)
+        return _monitored_step(stack, x)
+
+    x = tf.random.stateless_normal([2, 8], seed=[3, 3])
+    step(x)
+    step(x)
+    assert len(traces) == 1
+    assert monitor.checks == 2 and monitor.errors.shape == (2,)
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="every must be a positive int. Received: 0"):
         DriftMonitor(every=0)

@@ -121,6 +121,17 @@ class DriftMonitor:
             return self.tolerance
         return DEFAULT_TOLERANCES.get(tf.as_dtype(dtype).name, 1e-3)
 
+    def build(self):
+        """Creates the variables a step checked inside a ``tf.function`` writes to.
+
+        `ReversibleSequence.build` calls it outside any distribution strategy, so that a
+        ``tf.function`` over the stack (a custom loop, Keras's ``fit``) creates no variable
+        on its first call and is traced once, not twice. Under a strategy's scope the state is
+        created on the first traced step instead, as a plain variable outside the strategy.
+        """
+        if self.depth is not None:
+            self._graph_state()
+
     def _graph_state(self):
         if self._state is None:
             with tf.init_scope():  # created once, outside any function being traced

@@ -184,6 +184,11 @@ class ReversibleSequence(keras.layers.Layer):
             if not block.built:
                 block.build(shape)
             shape = tuple(block.compute_output_shape(shape))
+        # The monitor's state, created now rather than while a step is traced: a first call
+        # that creates variables is traced twice. A strategy's scope would make its variables
+        # mirrored, which replicas cannot update without an aggregation: left for the step.
+        if self.drift_monitor is not None and not tf.distribute.has_strategy():
+            self.drift_monitor.build()
         super().build(input_shape)
 
     def compute_output_shape(self, input_shape):
