@@ -37,6 +37,7 @@ def make_stack(kind, depth, invertible_dtype="auto"):
 
 
 def training_step(stack, reversible, graph):
+    """One SGD step of the stack (or plain backprop of its blocks), in a ``tf.function`` if ``graph``."""
     def plain(x):
         h = x
         for block in stack.blocks:
@@ -56,8 +57,25 @@ def training_step(stack, reversible, graph):
     return tf.function(step) if graph else step
 
 
+def input_gradient_step(stack, graph):
+    """The gradient of the stack, frozen, with respect to its input: the peak of the activations
+    and their gradients without the weights' gradients (which must grow with depth: a training
+    step holds them from their block's backward to the update). Frozen, because a tape that
+    watches only the input still has a custom gradient compute the weights' gradients eagerly."""
+    stack.trainable = False
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_mean(tf.square(stack(x)))
+        return tape.gradient(loss, x)
+
+    return tf.function(step) if graph else step
+
+
 def peaks(kinds, depths, invertible_dtype="auto", policy=None):
-    """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain/depth``.
+    """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain|reversible-input/depth``
+    (``reversible-input``: the reversible stack differentiated with respect to its input only).
 
     ``invertible_dtype``: the stacks' (default "auto": float64 around these float32 networks).
     ``policy``: a Keras dtype policy for the networks ("float64", "mixed_float16", ...; the
@@ -86,6 +104,11 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
                                       .peak_above_baseline_bytes for call in range(calls))
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = measured[calls // 2]
+                    if reversible:  # the same stack without the weights' gradients
+                        step = input_gradient_step(make_stack(kind, depth, invertible_dtype), graph)
+                        measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
+                                          .peak_above_baseline_bytes for call in range(calls))
+                        peaks[key.replace("/reversible/", "/reversible-input/")] = measured[calls // 2]
     return peaks
 
 
