@@ -7,8 +7,8 @@ The suite compares 8 with 32 blocks (the probes take half the time of 64's): 50 
 eager and 30-32 -> 30-33 MiB in a graph (additive), 63 -> 63 and 34 -> 34 MiB (affine), while
 plain backprop grows 3.7-3.9x. Without the weights' gradients (the stack frozen, differentiated
 with respect to its input), additive 50 MiB eager and 26 MiB in a graph at 8, 32 and 64
-blocks, affine 63 -> 63 -> 61 and 33 -> 33 -> 33-35 MiB; a training step's graph peak adds
-the weights' gradients alive at that moment.
+blocks (27 at times), affine 63 -> 63 -> 61 and 31-35 MiB at each depth; a training step's
+graph peak adds the weights' gradients alive at that moment.
 """
 
 import pytest
@@ -66,14 +66,14 @@ def test_graph_reversible_peak_does_not_grow_with_depth(peaks, kind):
 @pytest.mark.parametrize("kind", ["additive", "affine"])
 def test_peak_without_the_weights_gradients_is_flat_in_depth(peaks, kind, mode):
     """The stack, frozen, differentiated with respect to its input: what a training step holds
-    besides the weights' gradients. Measured the same at 8 and 32 blocks in every run (additive
-    50 and 26 MiB, affine 63 and 33 MiB, eager and graph); at 64 blocks the same but for the
-    affine graph, 33-35 MiB across processes: which float64 half-activation (2 MiB) is in flight
-    at the peak moves with the graph's schedule. Eager: the goal, 1.05x. Graph: 1.05x or that
-    one half-activation, the measured spread."""
+    besides the weights' gradients. Eager, program order: additive 50 MiB, affine 63 MiB at 8
+    and 32 blocks (61 at 64); asserted: the goal, 1.05x. In a graph the peak moves with the
+    schedule, by which float64 half-activations (2 MiB each) are in flight: across six
+    processes, additive 26-27 MiB and affine 31-35 MiB at 8, 32 and 64 blocks alike, each
+    depth's value varying. Asserted: 1.05x or that spread (two half-activations)."""
     shallow, deep = peaks[f"{kind}/{mode}/reversible-input/8"], peaks[f"{kind}/{mode}/reversible-input/{DEEP}"]
     assert shallow > 0
-    allowed = 1.05 * shallow if mode == "eager" else max(1.05 * shallow, shallow + HALF_ACTIVATION_FLOAT64_BYTES)
+    allowed = 1.05 * shallow if mode == "eager" else max(1.05 * shallow, shallow + 2 * HALF_ACTIVATION_FLOAT64_BYTES)
     assert deep <= allowed, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
 
 
