@@ -95,7 +95,8 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
         for graph in (False, True):
             for reversible in (False, True):
                 for depth in depths:
-                    step = training_step(make_stack(kind, depth, invertible_dtype), reversible, graph)
+                    stack = make_stack(kind, depth, invertible_dtype)
+                    step = training_step(stack, reversible, graph)
                     # A graph's peak moves with the executor's schedule (by one hidden
                     # activation, more when other processes compete for the cores): the
                     # median of three. Eager runs ops in program order: one call.
@@ -104,8 +105,8 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
                                       .peak_above_baseline_bytes for call in range(calls))
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = measured[calls // 2]
-                    if reversible:  # the same stack without the weights' gradients
-                        step = input_gradient_step(make_stack(kind, depth, invertible_dtype), graph)
+                    if reversible:  # the same stack, its inverses checked, without the weights' gradients
+                        step = input_gradient_step(stack, graph)
                         measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
                                           .peak_above_baseline_bytes for call in range(calls))
                         peaks[key.replace("/reversible/", "/reversible-input/")] = measured[calls // 2]
