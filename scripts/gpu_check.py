@@ -14,8 +14,8 @@ measures on the device what a GPU user relies on most:
   XLA (``jit_compile=True``, Keras's default for ``fit`` on a GPU): plain backprop,
   ``checkpoints='memory'`` and ``Budget(0.5, hold_gradients=False)``.
 - ``reversible``: an additive `ReversibleSequence` at 8 and 64 blocks, eager and in a
-  ``tf.function``: its peak without the weights' gradients (the gradient with respect to its
-  input) does not grow with depth; a training step's peaks are shown beside it.
+  ``tf.function``: its peak without the weights' gradients (frozen, the gradient with respect
+  to its input) does not grow with depth; a training step's peaks are shown beside it.
 - ``lstm``: a 2-layer Keras LSTM (128 units) over 512 steps, plain against
   ``memgrad.GradientTape('memory')``. On a GPU, Keras runs the LSTM as one cuDNN op, not a
   `tf.while_loop`, so memgrad has no loop to segment there: this check says what holds.
@@ -190,6 +190,7 @@ def check_reversible(device, depths=(8, 64)):
 
     def input_gradient(stack):
         stack.trainable = False  # else a custom gradient computes the weights' gradients eagerly
+
         def step(x):
             with tf.GradientTape() as tape:
                 tape.watch(x)
