@@ -230,6 +230,25 @@ def test_a_built_monitored_stack_is_traced_once_by_a_tf_function():
     assert monitor.checks == 2 and monitor.errors.shape == (2,)
 
 
+def test_monitor_counts_steps_and_checks_under_a_mirrored_strategy(mirrored_strategy):
+    """Built in a strategy's scope, the stack leaves the monitor's variables to its first
+    traced step (mirrored): two replicas still count each step once."""
+    monitor = DriftMonitor(every=2)
+    with mirrored_strategy.scope():
+        stack = ReversibleSequence(make_blocks("affine", 2, 8), return_logdet=True, drift_monitor=monitor)
+        stack.build((None, 8))
+
+    @tf.function
+    def step(x):
+        return mirrored_strategy.run(lambda xb: _monitored_step(stack, xb), args=(x,))
+
+    batches = tf.data.Dataset.from_tensors(tf.random.stateless_normal([4, 8], seed=[4, 4])).repeat(4)
+    for x in mirrored_strategy.experimental_distribute_dataset(batches):
+        step(x)
+    assert monitor.checks == 2  # steps 0 and 2 of 4
+    assert monitor.errors.shape == (2,) and np.all(np.isfinite(monitor.errors))
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="every must be a positive int. Received: 0"):
         DriftMonitor(every=0)
