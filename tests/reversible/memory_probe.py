@@ -73,6 +73,13 @@ def input_gradient_step(stack, graph):
     return tf.function(step) if graph else step
 
 
+def _median_peak(step, x, calls):
+    """The median peak above baseline of ``calls`` calls of ``step(x)``, the first warmed up."""
+    measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
+                      .peak_above_baseline_bytes for call in range(calls))
+    return measured[calls // 2]
+
+
 def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain|reversible-input/depth``
     (``reversible-input``: the reversible stack differentiated with respect to its input only).
@@ -101,15 +108,11 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
                     # activation, more when other processes compete for the cores): the
                     # median of three. Eager runs ops in program order: one call.
                     calls = 3 if graph else 1
-                    measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
-                                      .peak_above_baseline_bytes for call in range(calls))
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
-                    peaks[key] = measured[calls // 2]
+                    peaks[key] = _median_peak(step, x, calls)
                     if reversible:  # the same stack, its inverses checked, without the weights' gradients
-                        step = input_gradient_step(stack, graph)
-                        measured = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
-                                          .peak_above_baseline_bytes for call in range(calls))
-                        peaks[key.replace("/reversible/", "/reversible-input/")] = measured[calls // 2]
+                        peaks[key.replace("/reversible/", "/reversible-input/")] = _median_peak(
+                            input_gradient_step(stack, graph), x, calls)
     return peaks
 
 

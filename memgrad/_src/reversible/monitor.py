@@ -126,8 +126,8 @@ class DriftMonitor:
 
         `ReversibleSequence.build` calls it outside any distribution strategy, so that a
         ``tf.function`` over the stack (a custom loop, Keras's ``fit``) creates no variable
-        on its first call and is traced once, not twice. Under a strategy's scope the state is
-        created on the first traced step instead, as a plain variable outside the strategy.
+        on its first call and is traced once, not twice. Under a strategy's scope it is left
+        to the first traced step, as before (a mirrored variable there too).
         """
         if self.depth is not None:
             self._graph_state()

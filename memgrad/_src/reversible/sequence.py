@@ -185,8 +185,9 @@ class ReversibleSequence(keras.layers.Layer):
                 block.build(shape)
             shape = tuple(block.compute_output_shape(shape))
         # The monitor's state, created now rather than while a step is traced: a first call
-        # that creates variables is traced twice. A strategy's scope would make its variables
-        # mirrored, which replicas cannot update without an aggregation: left for the step.
+        # that creates variables is traced twice. Under a strategy's scope they are left to
+        # the first traced step, as before: made here they worked under MirroredStrategy, but
+        # were not tried with several workers.
         if self.drift_monitor is not None and not tf.distribute.has_strategy():
             self.drift_monitor.build()
         super().build(input_shape)
