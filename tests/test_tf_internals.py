@@ -239,3 +239,35 @@ def test_indexed_captures_finds_the_consumers_tensorflows_scan_finds():
             tripled = inner.capture(c) * 3.0
         assert gradients_util._Consumers(c, [inner]) == [tripled.op]
     assert gradients_util._Consumers.__module__ == gradients_util.__name__  # restored
+
+
+def test_variant_gradient_parts_are_summed_with_the_bare_ones_first():
+    """AddN's shape function throws (a bare IndexError, the graph left locked) on variants
+    whose last lacks handle data while two others have it: the sum a gradient of a gradient
+    through loops can make. memgrad's own sums (`aggregate`) and TensorFlow's inside
+    memgrad.gradients (`ordered_gradient_sums`) put the bare ones first; the values are
+    the same sums."""
+    from tensorflow.python.ops import gradients_util, list_ops
+
+    from memgrad._src.checkpointing.aggregate import aggregate
+
+    def as_list(t):
+        return list_ops.tensor_list_from_tensor(t, element_shape=[3])
+
+    found = {}
+
+    @tf.function(autograph=False)
+    def sums(x):
+        bare = tf.compat.v1.placeholder_with_default(as_list(4.0 * x), shape=[])  # drops it
+        parts = [as_list(x), as_list(2.0 * x), bare]
+        found["has"] = [tf_internals.resource_handle_data(p) is not None for p in parts]
+        found["bare at"] = [o is bare for o in tf_internals.add_n_order(parts)]
+        with tf_internals.ordered_gradient_sums():
+            by_tensorflow = gradients_util._MultiDeviceAddN(parts, "uid")
+        return [list_ops.tensor_list_stack(s, tf.float32, element_shape=[3])
+                for s in (aggregate(parts), by_tensorflow)]
+
+    x = tf.reshape(tf.range(12, dtype=tf.float32), [4, 3])
+    for summed in sums(x):
+        np.testing.assert_array_equal(summed.numpy(), 7.0 * x.numpy())
+    assert found == {"has": [True, True, False], "bare at": [True, False, False]}

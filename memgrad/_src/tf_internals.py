@@ -166,6 +166,40 @@ _private_member(_gradients_util, "_Consumers", "tensorflow.python.ops.gradients_
 _private_member(_gradients_util, "_Captures", "tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_GradientsHelper", "tensorflow.python.ops.gradients_util")
 _private_member(_gradients_util, "_IsPartitionedCall", "tensorflow.python.ops.gradients_util")
+_private_member(_gradients_util, "_MultiDeviceAddN", "tensorflow.python.ops.gradients_util")
+_handle_data = _private("tensorflow.python.ops.handle_data_util", "get_resource_handle_data")
+
+
+def add_n_order(tensors):
+    """``tensors`` in an order TensorFlow's AddN accepts: variants with handle data last.
+
+    AddN's shape function (TensorFlow 2.16-2.21) throws a C++ out-of-range error, seen in
+    Python as a bare IndexError, when it sums variants (TensorList gradients of loops) of which
+    the last carries no handle data and two or more others do, and the failed op creation
+    leaves the graph locked: the next op made in it waits forever. A gradient of a gradient
+    through loops sums such parts (one loop gradient's list keeps its element shape, another
+    has none). Summing is commutative, so the parts with handle data go last, in their order.
+    """
+    if len(tensors) < 3 or any(getattr(t, "dtype", None) != tf.variant or not tf.is_symbolic_tensor(t)
+                               for t in tensors):
+        return list(tensors)
+    return sorted(tensors, key=lambda t: _handle_data(t).is_set)  # stable: False first
+
+
+@contextlib.contextmanager
+def ordered_gradient_sums():
+    """Within the block, ``tf.gradients`` sums a tensor's gradient parts in `add_n_order`.
+    Not thread-safe, like graph construction itself."""
+    original = _gradients_util._MultiDeviceAddN
+
+    def multi_device_add_n(tensor_list, gradient_uid):
+        return original(add_n_order(tensor_list), gradient_uid)
+
+    _gradients_util._MultiDeviceAddN = multi_device_add_n
+    try:
+        yield
+    finally:
+        _gradients_util._MultiDeviceAddN = original
 
 
 def gradients_across_graphs(ys, xs, grad_ys, src_graph, stop_gradients=None):

@@ -5,6 +5,8 @@ import collections
 
 import tensorflow as tf
 
+from memgrad._src import tf_internals
+
 
 def aggregate(parts):
     """Sum gradient parts: dense tensors with add_n, IndexedSlices by concatenation.
@@ -25,7 +27,7 @@ def aggregate(parts):
             tf.concat([p.indices for p in parts], axis=0),
             dense_shape,
         )
-    return tf.math.add_n([tf.convert_to_tensor(p) for p in parts])
+    return tf.math.add_n(tf_internals.add_n_order([tf.convert_to_tensor(p) for p in parts]))
 
 
 def dense(grad):

@@ -105,20 +105,23 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
     plain = functools.partial(
         TF_GRADIENTS_V1, call.ys, call.xs, grad_ys=call.grad_ys, name=name,
         stop_gradients=call.stop_gradients or None, unconnected_gradients=call.unconnected, **call.kwargs)
-    try:
-        view = _forward_graph(call)
-        if not view.ops:
-            return _no_forward_ops(call)
-        plan = _guarded("planning", call.strategy, choose, view, call.strategy)
-        if _plain_by_plan(view, plan, call):
-            return _plain_gradients(plain)
-        grads, rewrite, plan = _rewrite_and_refine(view, plan, call)
-        lost = lost_gradients(call.ys, call.xs, grads, call.grad_ys, call.stop_gradients)
-        if lost is not None:
-            raise _FallBack(lost, plan)
-    except _FallBack as fallback:
-        plan = fallback.plan
-        return _fall_back(plain, plan.mode if plan is not None else call.mode, plan, fallback.reason)
+    # TensorFlow's and the rewrite's sums of gradient parts in an order AddN accepts
+    # (`tf_internals.add_n_order`), the plain fallback's included.
+    with tf_internals.ordered_gradient_sums():
+        try:
+            view = _forward_graph(call)
+            if not view.ops:
+                return _no_forward_ops(call)
+            plan = _guarded("planning", call.strategy, choose, view, call.strategy)
+            if _plain_by_plan(view, plan, call):
+                return _plain_gradients(plain)
+            grads, rewrite, plan = _rewrite_and_refine(view, plan, call)
+            lost = lost_gradients(call.ys, call.xs, grads, call.grad_ys, call.stop_gradients)
+            if lost is not None:
+                raise _FallBack(lost, plan)
+        except _FallBack as fallback:
+            plan = fallback.plan
+            return _fall_back(plain, plan.mode if plan is not None else call.mode, plan, fallback.reason)
     record(
         copied_ops=rewrite.copied_ops, recomputed_ops=rewrite.recomputed_ops(), segments=rewrite.segments,
         in_place_segments=rewrite.in_place_segments,
