@@ -280,8 +280,11 @@ class _Rewrite:
         # outputs: the gradient flows through the call's own gradient function to its
         # inputs, which are kept. Gradients are linear, so parts reaching those outputs
         # from earlier segments are carried back through the call separately, later.
+        # A call in a unit of several ops is the exception: the unit's own gradient
+        # differentiates it, so the last segment stops at its outputs (`stops_at_calls`).
         through = {t.ref() for t in floating
-                   if is_function_call(t.op) and t.ref() not in self.dead}
+                   if is_function_call(t.op) and t.ref() not in self.dead
+                   and len(view.unit_of(t.op)) == 1}
         stops = [t for t in floating if t.ref() not in through]
         # Leaf xs, once each (a repeated x gets the same gradient at every position).
         leaves = {}
@@ -290,10 +293,11 @@ class _Rewrite:
                 leaves.setdefault(t.ref(), x)
         if not final_ys:
             return
-        grads = self.gradients_fn(
-            final_ys, stops + list(leaves.values()), grad_ys=final_grads,
-            stop_gradients=stops, **self.kwargs,
-        )
+        with tf_internals.stops_at_calls(stops):
+            grads = self.gradients_fn(
+                final_ys, stops + list(leaves.values()), grad_ys=final_grads,
+                stop_gradients=stops, **self.kwargs,
+            )
         self.segments += 1
         for t, grad in zip(stops, grads[: len(stops)]):
             parts.route(t, grad)

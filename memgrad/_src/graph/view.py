@@ -385,9 +385,8 @@ class ForwardGraph:
         the gradient loop share TensorLists (its accumulators) while the gradient loop also
         reads, through ordinary ops, what the forward loop computed. Without the ops between
         them the unit would be both upstream and downstream of those ops (a cycle).
-        A group whose closure would take in a call of a nested function is not grown (the
-        call's gradient would be taken twice, see the comment below): the rewrite then
-        meets the cycle and falls back with a warning.
+        A call of a nested function taken in is differentiated with the unit only (the last
+        segment stops at its outputs: `_Rewrite.last_segment`).
         """
         if len(members) == 0:
             return members
@@ -416,10 +415,7 @@ class ForwardGraph:
                 below = reach(group, lambda op: consumers.get(op, ()))
                 above = reach(group, lambda op: [t.op for t in op.inputs if t.op in self.op_set])
                 closure = group | (below & above)
-                if closure == group or any(is_function_call(op) for op in closure):
-                    # A call of a nested function in a unit is differentiated twice: the
-                    # last segment flows through its gradient (see `_Rewrite.last_segment`)
-                    # and the unit's own call does again; such a group is left as it is.
+                if closure == group:
                     continue
                 for j, other in enumerate(groups):
                     if j != i and other and other & closure:
