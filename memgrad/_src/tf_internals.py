@@ -173,8 +173,8 @@ _handle_data = _private("tensorflow.python.ops.handle_data_util", "get_resource_
 def add_n_order(tensors):
     """``tensors`` in an order TensorFlow's AddN accepts: variants with handle data last.
 
-    AddN's shape function (TensorFlow 2.16-2.21) throws a C++ out-of-range error, seen in
-    Python as a bare IndexError, when it sums variants (TensorList gradients of loops) of which
+    AddN's shape function (TensorFlow 2.21) throws a C++ out-of-range error, a bare
+    IndexError in Python, when it sums variants (TensorList gradients of loops) of which
     the last carries no handle data and two or more others do, and the failed op creation
     leaves the graph locked: the next op made in it waits forever. A gradient of a gradient
     through loops sums such parts (one loop gradient's list keeps its element shape, another
