@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import memgrad
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing import gradient_walk
 from memgrad._src.tf_internals import UnsupportedVersionError
 
 _NOT_NAMES = {"TF_RANGE", "KERAS_RANGE", "SUPPORTED", "UnsupportedVersionError", "check_versions",
@@ -225,7 +226,7 @@ def test_indexed_captures_finds_the_consumers_tensorflows_scan_finds():
 
     def both(t):
         original = gradients_util._Consumers(t, [inner])
-        with tf_internals.indexed_captures():
+        with gradient_walk.indexed_captures():
             assert gradients_util._Consumers is not original
             indexed = gradients_util._Consumers(t, [inner])
         return original, indexed
@@ -233,7 +234,7 @@ def test_indexed_captures_finds_the_consumers_tensorflows_scan_finds():
     original, indexed = both(a)
     assert indexed == original == [doubled.op]
     assert both(c) == ([], [])
-    with tf_internals.indexed_captures():  # a capture added inside the block is found
+    with gradient_walk.indexed_captures():  # a capture added inside the block is found
         assert gradients_util._Consumers(c, [inner]) == []
         with inner.as_default():
             tripled = inner.capture(c) * 3.0
@@ -261,8 +262,8 @@ def test_variant_gradient_parts_are_summed_with_the_bare_ones_first():
         bare = tf.compat.v1.placeholder_with_default(as_list(4.0 * x), shape=[])  # drops it
         parts = [as_list(x), as_list(2.0 * x), bare]
         found["has"] = [tf_internals.resource_handle_data(p) is not None for p in parts]
-        found["bare at"] = [o is bare for o in tf_internals.add_n_order(parts)]
-        with tf_internals.ordered_gradient_sums():
+        found["bare at"] = [o is bare for o in gradient_walk.add_n_order(parts)]
+        with gradient_walk.ordered_gradient_sums():
             by_tensorflow = gradients_util._MultiDeviceAddN(parts, "uid")
         return [list_ops.tensor_list_stack(s, tf.float32, element_shape=[3])
                 for s in (aggregate(parts), by_tensorflow)]

@@ -5,7 +5,7 @@ import collections
 
 import tensorflow as tf
 
-from memgrad._src import tf_internals
+from memgrad._src.checkpointing import gradient_walk
 
 
 def aggregate(parts):
@@ -27,7 +27,7 @@ def aggregate(parts):
             tf.concat([p.indices for p in parts], axis=0),
             dense_shape,
         )
-    return tf.math.add_n(tf_internals.add_n_order([tf.convert_to_tensor(p) for p in parts]))
+    return tf.math.add_n(gradient_walk.add_n_order([tf.convert_to_tensor(p) for p in parts]))
 
 
 def dense(grad):

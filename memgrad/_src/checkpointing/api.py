@@ -9,7 +9,7 @@ import warnings
 import tensorflow as tf
 
 from memgrad._src import tf_internals
-from memgrad._src.checkpointing import recording
+from memgrad._src.checkpointing import gradient_walk, recording
 from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.fallback import (
     crash_reason, is_internal_failure, lost_gradients, outside_graph_of_ys, unsupported_op,
@@ -106,8 +106,8 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         TF_GRADIENTS_V1, call.ys, call.xs, grad_ys=call.grad_ys, name=name,
         stop_gradients=call.stop_gradients or None, unconnected_gradients=call.unconnected, **call.kwargs)
     # TensorFlow's and the rewrite's sums of gradient parts in an order AddN accepts
-    # (`tf_internals.add_n_order`), the plain fallback's included.
-    with tf_internals.ordered_gradient_sums():
+    # (`gradient_walk.add_n_order`), the plain fallback's included.
+    with gradient_walk.ordered_gradient_sums():
         try:
             view = _forward_graph(call)
             if not view.ops:

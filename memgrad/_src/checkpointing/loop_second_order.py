@@ -4,6 +4,7 @@ or replayed loop gradient, taken on TensorFlow's own gradient of a replay of the
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing import gradient_walk
 from memgrad._src.checkpointing.loop_ops import loop_copy
 
 
@@ -53,8 +54,8 @@ def differentiable_again(op, grads, build):
             # The replay reads the loop's own inputs: its gradient is theirs. Each source
             # gets only its own part (an incoming gradient may be computed from an input;
             # an input may be computed from another by a function call, where TensorFlow
-            # does not stop a gradient by itself: tf_internals.stops_at_calls).
-            with tf_internals.stops_at_calls(sources):
+            # does not stop a gradient by itself: gradient_walk.stops_at_calls).
+            with gradient_walk.stops_at_calls(sources):
                 found = tf_internals.tf_gradients_v1(
                     [p for p, _ in pairs], sources, grad_ys=[dy for _, dy in pairs],
                     stop_gradients=sources,
@@ -91,8 +92,8 @@ def _across_graphs(flat, sources, upstream, graph):
     pairs = [(f, dy) for f, dy in zip(flat, upstream) if dy is not None]
     if not pairs:
         return [None] * len(sources)
-    with tf_internals.stops_at_calls(sources):
-        return tf_internals.gradients_across_graphs(
+    with gradient_walk.stops_at_calls(sources):
+        return gradient_walk.gradients_across_graphs(
             [f for f, _ in pairs], sources, [dy for _, dy in pairs], graph,
             stop_gradients=sources)
 

@@ -35,6 +35,7 @@ import networkx as nx
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.checkpointing import gradient_walk
 from memgrad._src.checkpointing.aggregate import GradientParts, aggregate, dense, dense_parts
 from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
 from memgrad._src.graph.memory_model import gradient_function, inputs_from_outside, reads_only
@@ -274,16 +275,12 @@ class _Rewrite:
                 final_ys.append(y)
                 final_grads.append(dy)
         floating = [t for t in self.checkpoints.values() if is_differentiable(t.dtype)]
-        # tf.gradients gives a function-call op it stops at a SymbolicGradient node (which
-        # fails for XLA-compiled functions such as Keras's grouped Conv2D) and adds its
-        # result to the inputs' gradients. So the last segment does not stop at a call's
-        # outputs: the gradient flows through the call's own gradient function to its
-        # inputs, which are kept. Gradients are linear, so parts reaching those outputs
-        # from earlier segments are carried back through the call separately, later.
-        # A call in a unit of several ops is the exception: the unit's own gradient
-        # differentiates it, so the last segment stops at its outputs (`stops_at_calls`).
-        through = {t.ref() for t in floating
-                   if is_function_call(t.op) and t.ref() not in self.dead
+        # tf.gradients gives a call it stops at a SymbolicGradient node (which fails for
+        # XLA-compiled functions), so the last segment flows through a call's own gradient
+        # to its inputs, which are kept; parts reaching the call's outputs from earlier
+        # segments are carried back through it later (gradients are linear). A call in a
+        # unit of several ops is the unit's to differentiate: the segment stops there.
+        through = {t.ref() for t in floating if is_function_call(t.op) and t.ref() not in self.dead
                    and len(view.unit_of(t.op)) == 1}
         stops = [t for t in floating if t.ref() not in through]
         # Leaf xs, once each (a repeated x gets the same gradient at every position).
@@ -293,7 +290,7 @@ class _Rewrite:
                 leaves.setdefault(t.ref(), x)
         if not final_ys:
             return
-        with tf_internals.stops_at_calls(stops):
+        with gradient_walk.stops_at_calls(stops):
             grads = self.gradients_fn(
                 final_ys, stops + list(leaves.values()), grad_ys=final_grads,
                 stop_gradients=stops, **self.kwargs,
@@ -418,7 +415,7 @@ class _Rewrite:
         loops = self.loops.install(unit)
         try:
             # The stop must hold at an input a function call computes too.
-            with tf_internals.stops_at_calls(ins):
+            with gradient_walk.stops_at_calls(ins):
                 grads = self.gradients_fn(
                     outs, ins + list(inside), grad_ys=[incoming[t.ref()] for t in outs],
                     stop_gradients=ins, **self.kwargs,
@@ -498,5 +495,5 @@ def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gra
       (`copied_ops`, `recomputed_ops()`, `segments`) and its loops' records (``rewrite.loops.records``).
     """
     rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients, loops)
-    with tf_internals.indexed_captures():  # one gradient call per segment: keep each linear
+    with gradient_walk.indexed_captures():  # one gradient call per segment: keep each linear
         return rewrite.run(grad_ys), rewrite
