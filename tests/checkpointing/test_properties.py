@@ -14,12 +14,13 @@ scripts/fuzz.py.
 
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.checkpointing.random_graphs import (
-    DTYPES, LOOP_KINDS, HypothesisChooser, RandomChooser, RandomGraph, check_graph, draw_spec,
+    DTYPES, LOOP_KINDS, HypothesisChooser, RandomChooser, RandomGraph, check_graph, compare, draw_spec,
 )
 
 
@@ -125,6 +126,20 @@ def test_the_check_catches_a_slightly_wrong_gradient(monkeypatch):
         warnings.simplefilter("ignore")
         result = check_graph(draw_spec(RandomChooser("harness")), only=["memory"])
     assert [o.status for o in result.outcomes] == ["wrong"], result.report()
+
+
+def test_the_check_compares_an_overflowed_gradient_entry_by_entry():
+    """A float16 second derivative can overflow in tf.gradients too: memgrad's gradient must
+    then be non-finite at the same entries, and the finite ones are compared."""
+    inf, nan = float("inf"), float("nan")
+    reference = [np.array([1.0, inf, 2.0])]
+    assert compare(reference, [np.array([1.0, inf, 2.0])]) == (0.0, "")
+    assert compare(reference, [np.array([1.0, nan, 2.0])]) == (0.0, "")
+    assert compare(reference, [np.array([1.5, inf, 2.0])])[0] > 0.1
+    error, problem = compare(reference, [np.array([1.0, 3.0, 2.0])])
+    assert error == inf and "finite at 1 where it is not" in problem
+    error, problem = compare([np.array([1.0, 2.0])], [np.array([nan, 2.0])])
+    assert error == inf and "at 1 entries where the reference is finite" in problem
 
 
 # A graph of `python scripts/fuzz.py --seed 0 --loops --higher` whose second derivative was
