@@ -32,19 +32,21 @@ def add_n_order(tensors):
 
 
 @contextlib.contextmanager
-def ordered_gradient_sums():
-    """Within the block, ``tf.gradients`` sums a tensor's gradient parts in `add_n_order`.
+def _swapped(name, replacement):
+    """Within the block, ``gradients_util.<name>`` is ``replacement(original)``; restored after.
     Not thread-safe, like graph construction itself."""
-    original = gradients_util._MultiDeviceAddN
-
-    def multi_device_add_n(tensor_list, gradient_uid):
-        return original(add_n_order(tensor_list), gradient_uid)
-
-    gradients_util._MultiDeviceAddN = multi_device_add_n
+    original = getattr(gradients_util, name)
+    setattr(gradients_util, name, replacement(original))
     try:
         yield
     finally:
-        gradients_util._MultiDeviceAddN = original
+        setattr(gradients_util, name, original)
+
+
+def ordered_gradient_sums():
+    """Within the block, ``tf.gradients`` sums a tensor's gradient parts in `add_n_order`."""
+    return _swapped("_MultiDeviceAddN", lambda original: lambda tensor_list, gradient_uid: original(
+        add_n_order(tensor_list), gradient_uid))
 
 
 def gradients_across_graphs(ys, xs, grad_ys, src_graph, stop_gradients=None):
@@ -87,20 +89,13 @@ class _CaptureIndex:
         return found
 
 
-@contextlib.contextmanager
 def indexed_captures():
     """Within the block, ``tf.gradients``' reachability walk looks captures up in an index
     (`_CaptureIndex`) instead of scanning them: same gradients, built in time linear in the
-    graph. Not thread-safe, like graph construction itself."""
-    original = gradients_util._Consumers
-    gradients_util._Consumers = _CaptureIndex().consumers
-    try:
-        yield
-    finally:
-        gradients_util._Consumers = original
+    graph."""
+    return _swapped("_Consumers", lambda original: _CaptureIndex().consumers)
 
 
-@contextlib.contextmanager
 def stops_at_calls(stop_gradients):
     """Within the block, ``tf.gradients(..., stop_gradients=stop_gradients)`` stops at an
     output of a function call too.
@@ -112,15 +107,6 @@ def stops_at_calls(stop_gradients):
     source's gradient counts the path through the call (silently wrong for a caller that
     routes each source's gradient on separately), and a call holding a loop fails at run
     time (NotFoundError: SymbolicGradient). Here the walk sees those calls as ordinary ops,
-    which the stop set stops. Not thread-safe, like graph construction itself."""
+    which the stop set stops."""
     stopped = {t.op for t in stop_gradients or ()}
-    original = gradients_util._IsPartitionedCall
-
-    def is_partitioned_call(op):
-        return op not in stopped and original(op)
-
-    gradients_util._IsPartitionedCall = is_partitioned_call
-    try:
-        yield
-    finally:
-        gradients_util._IsPartitionedCall = original
+    return _swapped("_IsPartitionedCall", lambda original: lambda op: op not in stopped and original(op))
