@@ -49,6 +49,9 @@ def model_and_batch(name):
 
     keras.utils.set_random_seed(0)
     if name == "chain1024":
+        # Keras builds a Sequential's graph map recursively, a few frames per layer: 1,024
+        # layers pass Python's default limit of 1,000 frames (RecursionError).
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
         model = keras.Sequential([keras.Input((64,))] + [keras.layers.Dense(64, activation="relu")
                                                          for _ in range(1024)] + [keras.layers.Dense(1)])
         return model, tf.random.stateless_normal([256, 64], seed=[0, 1])

@@ -1,15 +1,24 @@
 """The memory model's predicted peaks against Grappler's simulation on real models.
 
-For plain backprop and the 'memory' strategy's plan, on `scripts/first_call.py`'s models and
+For plain backprop, the 'memory' strategy's plan and the model's leanest plan (the least peak
+any cut positions reach under the model, `Planner.smallest_feasible`, and the cheapest plan
+there), on `scripts/first_call.py`'s models and
 keras.applications ResNet50 (random init, a squared-output loss, every weight's gradient
 held to the end of the backward): the model's predicted peak (`MemoryModel.predict`) and the
 simulated one (what a `Budget` reads: Grappler's schedule of the traced step, no run), each
 model in a fresh process. Nothing is run, so the figures are the same on every call. The
-table is docs/budget.md's; ``--check`` exits non-zero when a prediction of plain backprop on a
+table is docs/budget.md's (the leanest plan's columns: also its recomputed FLOPs against
+'memory''s, in forward passes, and the seconds the search took); ``--check`` exits non-zero when a prediction of plain backprop on a
 convolutional network is more than 10% off its simulation.
 
     python scripts/model_vs_simulation.py                  # every model, a table
     python scripts/model_vs_simulation.py --model resnet50 --check
+    python scripts/model_vs_simulation.py --model gpt2 --measure   # and each plan's real peak
+
+``--measure`` also runs each plan in a step that returns every gradient (held, as the model
+assumes) and prints its measured peak above the baseline: the median and range of five
+calls, in the same process (TensorFlow's default threads, or what ``TF_NUM_INTEROP_THREADS``
+sets).
 """
 
 import argparse
@@ -39,12 +48,17 @@ def model_and_batch(name):
 
 
 def figures(name):
-    """``{plain_model, plain_simulated, memory_model, memory_simulated}`` in bytes."""
+    """``{plain_model, plain_simulated, memory_model, memory_simulated, leanest_model,
+    leanest_simulated}`` in bytes, ``{memory_passes, leanest_passes}`` (recomputed FLOPs over
+    the forward pass's) and ``leanest_seconds``."""
+    import time
+
     import tensorflow as tf
 
     import memgrad
     from memgrad._src.checkpointing.budget_measure import peak_of, plain_gradients
-    from memgrad._src.checkpointing.plans import memory_plan
+    from memgrad._src.checkpointing.budget_planner import Planner
+    from memgrad._src.checkpointing.plans import absorb_bias, memory_plan
     from memgrad._src.graph import ForwardGraph, MemoryModel
     from memgrad._src.graph.kernels import measuring_device
 
@@ -57,11 +71,21 @@ def figures(name):
         view = ForwardGraph([loss], model.trainable_variables)
         m, plan = MemoryModel(view), memory_plan(view)
         out["plain_model"] = m.predict([])[0]
-        out["memory_model"] = m.predict(m.positions_of(plan.tensors))[0]
+        forward = float(m.flops.sum())
+        out["memory_model"], memory_flops = m.predict(m.positions_of(plan.tensors))
+        out["memory_passes"] = memory_flops / forward
+        start = time.perf_counter()
+        planner = Planner(view, m)
+        cuts, out["leanest_model"], leanest_flops = planner.plan(planner.smallest_feasible())
+        out["leanest_seconds"] = time.perf_counter() - start
+        out["leanest_passes"] = leanest_flops / forward
         kernels = measuring_device()
         rewritten = memgrad.gradients(loss, model.trainable_variables, checkpoints=plan.tensors)
+        leanest = memgrad.gradients(loss, model.trainable_variables,
+                                    checkpoints=absorb_bias(view, m.tensors_for(cuts)))
         out["plain_simulated"] = peak_of(view, plain_gradients(view), kernels).bytes
         out["memory_simulated"] = peak_of(view, rewritten, kernels).bytes
+        out["leanest_simulated"] = peak_of(view, leanest, kernels).bytes
         return loss
 
     spec = tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, v.dtype), x)
@@ -69,22 +93,67 @@ def figures(name):
     return {k: float(v) if v is not None else None for k, v in out.items()}
 
 
+def measured(name, calls=5):
+    """``{plain, memory, leanest}``: each plan's measured peaks above the baseline (bytes, one
+    per call) in a step that returns the loss and every gradient."""
+    import tensorflow as tf
+
+    import memgrad
+    from memgrad._src.checkpointing.budget_planner import Planner
+    from memgrad._src.checkpointing.plans import absorb_bias
+    from memgrad._src.graph import MemoryModel
+
+    class Leanest(memgrad.strategies.Strategy):
+        """The model's leanest plan: the cheapest cut positions at the least peak any reach."""
+
+        name = "leanest"
+
+        def plan(self, view):
+            m = MemoryModel(view)
+            planner = Planner(view, m)
+            cuts, _, _ = planner.plan(planner.smallest_feasible())
+            return memgrad.strategies.Tensors(absorb_bias(view, m.tensors_for(cuts))).plan(view)
+
+    model, x = model_and_batch(name)
+    variables = model.trainable_variables
+
+    def step_of(tape):
+        @tf.function
+        def step(t):
+            with tape() as recorder:
+                loss = tf.reduce_mean(tf.square(model(t, training=True)))
+            return loss, recorder.gradient(loss, variables)
+        return step
+
+    steps = {"plain": step_of(tf.GradientTape),
+             "memory": step_of(lambda: memgrad.GradientTape(checkpoints="memory")),
+             "leanest": step_of(lambda: memgrad.GradientTape(checkpoints=Leanest()))}
+    return {key: [memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes
+                  for _ in range(calls)] for key, step in steps.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=MODELS, action="append")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--measure", action="store_true", help="also measure each plan's peak")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("FIGURES " + json.dumps(figures(args.child)), flush=True)
+        result = figures(args.child)
+        if args.measure:
+            result["measured"] = measured(args.child)
+        print("FIGURES " + json.dumps(result), flush=True)
         return 0
     failed = []
-    print("| model | plain: simulated / model | 'memory': simulated / model |")
-    print("| --- | --- | --- |")
+    print("| model | plain: simulated / model | 'memory': simulated / model, recomputed | "
+          "leanest under the model: simulated / model, recomputed, search |")
+    print("| --- | --- | --- | --- |")
     for name in args.model or MODELS:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name],
-                              capture_output=True, text=True, env=env)
+        command = [sys.executable, os.path.abspath(__file__), "--child", name]
+        done = subprocess.run(command + ["--measure"] * args.measure, capture_output=True,
+                              text=True, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
         if done.returncode or not lines:
             print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} | |")
@@ -92,7 +161,14 @@ def main(argv=None) -> int:
             continue
         f = json.loads(lines[0][len("FIGURES "):])
         print(f"| {name} | {f['plain_simulated'] / MiB:.1f} / {f['plain_model'] / MiB:.1f} MiB | "
-              f"{f['memory_simulated'] / MiB:.1f} / {f['memory_model'] / MiB:.1f} MiB |", flush=True)
+              f"{f['memory_simulated'] / MiB:.1f} / {f['memory_model'] / MiB:.1f} MiB, "
+              f"{f['memory_passes']:.2f} passes | {f['leanest_simulated'] / MiB:.1f} / "
+              f"{f['leanest_model'] / MiB:.1f} MiB, {f['leanest_passes']:.2f} passes, "
+              f"{f['leanest_seconds']:.1f} s |", flush=True)
+        for key, peaks in f.get("measured", {}).items():
+            peaks = sorted(p / MiB for p in peaks)
+            print(f"|   measured {key} | {peaks[len(peaks) // 2]:.1f} MiB "
+                  f"({peaks[0]:.1f}-{peaks[-1]:.1f}) | | |", flush=True)
         if name in CONVOLUTIONAL and abs(f["plain_model"] / f["plain_simulated"] - 1) > 0.10:
             failed.append(name)
     if args.check and failed:
