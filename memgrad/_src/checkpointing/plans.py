@@ -34,6 +34,9 @@ SPEED_MIN_SAVING = 0.05
 # output, the convolution's size: trading one for the other re-ran the batch statistics for
 # nothing (ResNet50: 1.14x plain's time for 0.88x of its peak, from small tensors alone).
 SPEED_REGION_MIN_RATIO = 1.5
+# At most this many cheap ops are re-run to recompute a region's end (`_drop_region_ends`):
+# an exact GELU is 8, a tanh one 10.
+REGION_END_OPS = 32
 
 
 @dataclasses.dataclass
@@ -213,13 +216,16 @@ def speed_plan(view):
     gain). Otherwise the region's saved tensors are kept as plain backprop keeps them, and
     nothing is recomputed there. A bias and ReLU after a matrix product keep
     nothing new (ReLU's output is the next product's input); a GELU's intermediates are
-    recomputed from the product's output. When the plan would free less than
+    recomputed from the product's output, and so is the GELU's output, the next product's
+    input (`_drop_region_ends`: its ops are re-run for the GELU's gradient anyway). When the
+    plan would free less than
     `SPEED_MIN_SAVING` (5%) of what plain backprop keeps, it is empty and plain
     `tf.gradients` runs (no rewrite, no warning): the rewrite's bookkeeping would cost about
     what it saves.
     """
     saved = _gradient_read(view)
     chosen = {}
+    sources = set()  # expensive ops' outputs kept so that their cheap regions are recomputed
     expensive = [op for op in view.activation_ops if op.type in EXPENSIVE_TYPES]
     for op in expensive:
         for t in op.inputs:
@@ -236,9 +242,11 @@ def speed_plan(view):
             region_bytes = sum(view.tensor_bytes(r) for r in region)
             if region_bytes > SPEED_REGION_MIN_RATIO * view.tensor_bytes(t):
                 chosen[t.ref()] = t
+                sources.add(t.ref())
             else:
                 for r in region:
                     chosen.setdefault(r.ref(), r)
+    _drop_region_ends(view, chosen, sources)
     _keep_shared_recomputation(view, chosen, saved)
     plan_tensors = list(chosen.values())
     saved_bytes = sum(view.tensor_bytes(ref.deref()) for ref in saved)
@@ -255,6 +263,36 @@ def speed_plan(view):
     if not plan_tensors:
         plan.details["same_as_plain"] = True
     return plan
+
+
+def _drop_region_ends(view, chosen, sources):
+    """Removes from ``chosen`` the tensors a recomputed cheap region computes from kept
+    tensors alone: the next expensive op's input at the end of a GELU whose intermediates are
+    recomputed from the product before it. The region is re-run for its own gradients anyway;
+    keeping its end saves only its last op (a GELU's final product) and costs the tensor's
+    bytes (GPT-2's feed-forward: 4x the model width per token, per layer).
+
+    A tensor goes only when the ops back to the kept tensors are cheap (no expensive op),
+    recomputable, at most `REGION_END_OPS`, and each reads the region: the kept tensors met
+    are ``sources`` (expensive ops' outputs kept for their regions, never removed), any other
+    input a weight or a constant. A residual sum or a layer norm's output, which reads a
+    tensor kept for other reasons, stays: removing it would chain one recomputation onto
+    the next.
+    """
+    for ref, t in list(chosen.items()):
+        if ref in sources or t.op.type in EXPENSIVE_TYPES or not view.walkable(t.op):
+            continue
+        ops, met = view.walk_back([t.op], set(chosen) - {ref})
+        if len(ops) > REGION_END_OPS or any(op.type in EXPENSIVE_TYPES for op in ops):
+            continue
+        if not met or any(m not in sources for m in met):
+            continue
+        # Every op re-run reads the region (a source or an op re-run before it); other
+        # inputs are weights and constants.
+        inside = [[i.ref() in met or i.op in ops for i in op.inputs] for op in ops]
+        if all(any(flags) and all(f or not view.is_activation(i) for f, i in zip(flags, op.inputs))
+               for flags, op in zip(inside, ops)):
+            del chosen[ref]
 
 
 def _keep_shared_recomputation(view, chosen, saved):
