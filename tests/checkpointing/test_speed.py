@@ -92,11 +92,13 @@ def test_a_gelus_output_is_recomputed_from_the_kept_product_not_kept():
     # Where 'speed' runs plain backprop (ReLU blocks, above) its peak is plain's by
     # construction: only graphs where it recomputes are measured here.
     # A transformer's MLP (LayerNorm, Dense(1024, gelu), Dense(256)), 8 blocks, batch 128:
-    # 0.60x oneDNN off, 0.63x on (12.5 vs 21.0 MiB; 0.57x at 16 blocks, 0.54x at 32; 8 blocks
-    # trace in half the time of 16).
+    # 0.39x oneDNN off, 0.44x on (8.4 vs 21.5 MiB) since the GELU's output is recomputed with
+    # its intermediates; 0.60x and 0.63x when it was kept (0.57x at 16 blocks, 0.54x at 32;
+    # 8 blocks trace in half the time of 16).
     ("residual gelu MLP", lambda: _residual_mlp(8, 256, 1024, "gelu", norm=True), [128, 256], 0.8),
     # 6 encoder blocks (attention and GELU MLP), batch 16: 0.66x (35.1 vs 52.9 MiB; 0.64x at 12;
-    # 0.78x in a later run, oneDNN off and on).
+    # 0.78x in a later run, oneDNN off and on; 0.69x off and on with the GELU's output
+    # recomputed, within that spread).
     ("transformer", lambda: transformer_classifier(blocks=6, dim=64, heads=4, tokens=64),
      [16, 64, 64], 0.95),
 ])
