@@ -80,19 +80,6 @@ def _median_peak(step, x, calls):
     return measured[calls // 2]
 
 
-def _input_peak(stack, graph, x, instances=3):
-    """The peak of ``stack``'s input gradient: eagerly, one call (program order); in a graph,
-    the least of ``instances`` separate ``tf.function``s of the same step, one call each. With
-    one inter-op thread each instance runs one order of its ready ops (nine calls of one
-    instance read the same peak, additive 8 blocks), but instances differ: 26 or 27 MiB in
-    quiet processes, and one CI run beside the slow tests read 24 MiB at 8 blocks and 29 at
-    32 from single instances. The least of three is the order the executor reaches at that
-    depth, which is what flatness in depth is about; the spread between instances is not."""
-    if not graph:
-        return _median_peak(input_gradient_step(stack, graph), x, 1)
-    return min(_median_peak(input_gradient_step(stack, graph), x, 1) for _ in range(instances))
-
-
 def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain|reversible-input/depth``
     (``reversible-input``: the reversible stack differentiated with respect to its input only).
@@ -124,8 +111,8 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = _median_peak(step, x, calls)
                     if reversible:  # the same stack, its inverses checked, without the weights' gradients
-                        peaks[key.replace("/reversible/", "/reversible-input/")] = _input_peak(
-                            stack, graph, x)
+                        peaks[key.replace("/reversible/", "/reversible-input/")] = _median_peak(
+                            input_gradient_step(stack, graph), x, calls)
     return peaks
 
 

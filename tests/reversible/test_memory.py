@@ -70,10 +70,7 @@ def test_peak_without_the_weights_gradients_is_flat_in_depth(peaks, kind, mode):
     and 32 blocks (61 at 64); asserted: the goal, 1.05x. In a graph the peak moves with the
     schedule, by which float64 half-activations (2 MiB each) are in flight: across six
     processes, additive 26-27 MiB and affine 31-35 MiB at 8, 32 and 64 blocks alike, each
-    depth's value varying. Each `tf.function` instance keeps one schedule, and single
-    instances read 24 -> 29 MiB (additive) in one CI run beside the slow tests: the probe
-    takes the least of three instances at each depth (`memory_probe._input_peak`).
-    Asserted: 1.05x or that spread (two half-activations)."""
+    depth's value varying. Asserted: 1.05x or that spread (two half-activations)."""
     shallow, deep = peaks[f"{kind}/{mode}/reversible-input/8"], peaks[f"{kind}/{mode}/reversible-input/{DEEP}"]
     assert shallow > 0
     allowed = 1.05 * shallow if mode == "eager" else max(1.05 * shallow, shallow + 2 * HALF_ACTIVATION_FLOAT64_BYTES)
