@@ -7,7 +7,7 @@ The suite compares 8 with 32 blocks (the probes take half the time of 64's): 50 
 eager and 30-32 -> 30-33 MiB in a graph (additive), 63 -> 63 and 34 -> 34 MiB (affine), while
 plain backprop grows 3.7-3.9x. Without the weights' gradients (the stack frozen, differentiated
 with respect to its input), additive 50 MiB eager and 26 MiB in a graph at 8, 32 and 64
-blocks (27 at times), affine 63 -> 63 -> 61 and 31-35 MiB at each depth; a training step's
+blocks (24-29 across processes), affine 63 -> 63 -> 61 and 31-35 MiB at each depth; a training step's
 graph peak adds the weights' gradients alive at that moment.
 """
 
@@ -70,10 +70,14 @@ def test_peak_without_the_weights_gradients_is_flat_in_depth(peaks, kind, mode):
     and 32 blocks (61 at 64); asserted: the goal, 1.05x. In a graph the peak moves with the
     schedule, by which float64 half-activations (2 MiB each) are in flight: across six
     processes, additive 26-27 MiB and affine 31-35 MiB at 8, 32 and 64 blocks alike, each
-    depth's value varying. Asserted: 1.05x or that spread (two half-activations)."""
+    depth's value varying; later, additive 24 MiB at 8 blocks and 29 at 32 in two processes
+    of one day (one a CI run; in the other, the least of three separate `tf.function`s), 26
+    and 27 in others. The spread is 5 MiB, two and a half half-activations, against plain
+    backprop's growth of at least 84 MiB over these depths. Asserted: 1.05x or that spread,
+    rounded up to three half-activations (two before the 24 -> 29 reading)."""
     shallow, deep = peaks[f"{kind}/{mode}/reversible-input/8"], peaks[f"{kind}/{mode}/reversible-input/{DEEP}"]
     assert shallow > 0
-    allowed = 1.05 * shallow if mode == "eager" else max(1.05 * shallow, shallow + 2 * HALF_ACTIVATION_FLOAT64_BYTES)
+    allowed = 1.05 * shallow if mode == "eager" else max(1.05 * shallow, shallow + 3 * HALF_ACTIVATION_FLOAT64_BYTES)
     assert deep <= allowed, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
 
 
