@@ -282,17 +282,40 @@ def _drop_region_ends(view, chosen, sources):
     for ref, t in list(chosen.items()):
         if ref in sources or t.op.type in EXPENSIVE_TYPES or not view.walkable(t.op):
             continue
-        ops, met = view.walk_back([t.op], set(chosen) - {ref})
-        if len(ops) > REGION_END_OPS or any(op.type in EXPENSIVE_TYPES for op in ops):
+        walked = _walk_to_sources(view, t.op, chosen, sources)
+        if walked is None or not walked[1]:
             continue
-        if not met or any(m not in sources for m in met):
-            continue
+        ops, met = walked
         # Every op re-run reads the region (a source or an op re-run before it); other
         # inputs are weights and constants.
         inside = [[i.ref() in met or i.op in ops for i in op.inputs] for op in ops]
         if all(any(flags) and all(f or not view.is_activation(i) for f, i in zip(flags, op.inputs))
                for flags, op in zip(inside, ops)):
             del chosen[ref]
+
+
+def _walk_to_sources(view, op, chosen, sources):
+    """`ForwardGraph.walk_back` from ``op`` to the kept tensors, stopped early: None as soon as
+    it meets an expensive op, a kept tensor not in ``sources``, or more than `REGION_END_OPS`
+    ops (a full walk from each kept tensor cost NASNetMobile's plan 26 s), else
+    ``(ops, met)``."""
+    seen, met, stack = set(), {}, [op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        if op.type in EXPENSIVE_TYPES or len(seen) >= REGION_END_OPS:
+            return None
+        seen.add(op)
+        for t in op.inputs:
+            ref = t.ref()
+            if ref in chosen:
+                if ref not in sources:
+                    return None
+                met[ref] = t
+            elif view.walkable(t.op):
+                stack.append(t.op)
+    return seen, met
 
 
 def _keep_shared_recomputation(view, chosen, saved):
