@@ -8,6 +8,8 @@ lines just above a block's fence steer it (CONTRIBUTING.md describes them):
   A chain of continued blocks is one test, named after its first block: the chain's first
   block runs as the start of it.
 - ``<!-- slow: reason -->``: the test is marked ``slow`` (a chain is slow if any block is).
+  Every file's chains but the README's are marked ``slow`` too (`FAST_FILES`): each pays a
+  fresh interpreter's TensorFlow import, and the fast suite keeps only the front door's.
 - ``<!-- not-run: reason -->``: the test is skipped with the reason; only for what needs
   hardware or a cluster (several GPUs, several workers). A reason is required.
 - ``<!-- output -->`` on a ```text block: it is what the python block(s) before it print,
@@ -31,6 +33,7 @@ TIMEOUT_S = 180  # a block that is not slow runs in a few seconds on 2 cores
 SLOW_TIMEOUT_S = 600
 MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->$")
 KNOWN_MARKERS = {"continued", "slow", "not-run", "output"}
+FAST_FILES = {"README.md"}  # whose examples (not marked slow) run in plain `python -m pytest`
 
 # The example's process (and any process it starts: the emulated device's probes) imports
 # memgrad from this checkout (PYTHONPATH, see example_environment); the launcher also imports
@@ -149,11 +152,11 @@ def python_chains():
             first = chain[0][0]
             code = "\n\n".join(f"# {name}:{line}\n{block}" for line, block, _ in chain)
             reasons = [markers["not-run"] or "" for _, _, markers in chain if "not-run" in markers]
-            marks = []
-            if any("slow" in markers for _, _, markers in chain):
-                marks.append(pytest.mark.slow)
-            params.append(pytest.param(name, code, reasons[0] if reasons else None,
-                                       any("slow" in markers for _, _, markers in chain), outputs,
+            slow = any("slow" in markers for _, _, markers in chain)
+            # Each example pays a fresh interpreter's TensorFlow import (8-10 s on 2 cores):
+            # only the README's run in the fast suite, every other file's in CI's `slow` run.
+            marks = [pytest.mark.slow] if slow or name not in FAST_FILES else []
+            params.append(pytest.param(name, code, reasons[0] if reasons else None, slow, outputs,
                                        id=f"{name}:{first}", marks=marks))
     return params
 
@@ -215,11 +218,11 @@ def test_fences_name_their_language():
 
 
 def profile_help_flags():
-    result = subprocess.run([sys.executable, "-m", "memgrad_profile", "--help"], cwd=ROOT,
-                            env=example_environment(),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout))
+    """The flags ``memgrad-profile --help`` lists: its parser's help text, read in this
+    process (the command itself runs in tests/cli_probe.py's fresh processes)."""
+    from memgrad.cli.profile import build_parser
+
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", build_parser().format_help()))
 
 
 def test_memgrad_profile_flags_shown_in_the_docs_exist():

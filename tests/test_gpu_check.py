@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpu_check  # noqa: E402
 
 
+@pytest.mark.slow  # a fresh interpreter imports TensorFlow to see there is no GPU: 10 s
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py")],
