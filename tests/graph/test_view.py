@@ -94,3 +94,29 @@ def test_walk_back_copies_the_ops_between_the_seeds_and_the_stop_tensors():
     ops, met, everything = _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
     assert ops == ["b", "c"] and met == ["a:0"]  # stops at a, met once though read twice
     assert everything == ["a", "b", "c", "matmul"]  # back to the inputs, never copied
+
+
+def test_walk_back_gives_up_when_asked_and_only_then():
+    def build(x, w):
+        a = tf.tanh(x @ w, name="a")
+        b = tf.sin(a, name="b")
+        c = tf.add(b, a, name="c")
+        loss = tf.reduce_sum(tf.cos(c), name="loss")
+        view = ForwardGraph([loss], [w])
+        asked = []
+
+        def never(op, seen):
+            asked.append((op.name, len(seen)))
+            return False
+
+        kept = view.walk_back([c.op], {a.ref()}, never)
+        past_two = view.walk_back([c.op], set(), lambda op, seen: len(seen) >= 2)
+        at_a_product = view.walk_back([c.op], set(), lambda op, seen: op.type == "MatMul")
+        return (sorted(op.name for op in kept[0]), sorted(asked), past_two, at_a_product,
+                view.walk_back([c.op], {a.ref()}, lambda op, seen: op.type == "MatMul"))
+
+    kept, asked, past_two, at_a_product, short = _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
+    assert kept == ["b", "c"]  # a hook that never gives up changes nothing
+    assert asked == [("b", 1), ("c", 0)]  # asked once per op, before it joins the walk
+    assert past_two is None and at_a_product is None  # the walk reached a third op, a product
+    assert short is not None and sorted(op.name for op in short[0]) == ["b", "c"]  # stopped at a first

@@ -279,10 +279,17 @@ def _drop_region_ends(view, chosen, sources):
     tensor kept for other reasons, stays: removing it would chain one recomputation onto
     the next.
     """
+    def give_up(op, seen):
+        # An expensive op, a kept tensor not kept for its region, or a long walk: the walk
+        # cannot end in a removal, so it stops there (a full walk from each kept tensor cost
+        # NASNetMobile's plan 26 s).
+        return (op.type in EXPENSIVE_TYPES or len(seen) >= REGION_END_OPS
+                or any(i.ref() in chosen and i.ref() not in sources for i in op.inputs))
+
     for ref, t in list(chosen.items()):
-        if ref in sources or t.op.type in EXPENSIVE_TYPES or not view.walkable(t.op):
+        if ref in sources or not view.walkable(t.op):
             continue
-        walked = _walk_to_sources(view, t.op, chosen, sources)
+        walked = view.walk_back([t.op], chosen, give_up)
         if walked is None or not walked[1]:
             continue
         ops, met = walked
@@ -292,30 +299,6 @@ def _drop_region_ends(view, chosen, sources):
         if all(any(flags) and all(f or not view.is_activation(i) for f, i in zip(flags, op.inputs))
                for flags, op in zip(inside, ops)):
             del chosen[ref]
-
-
-def _walk_to_sources(view, op, chosen, sources):
-    """`ForwardGraph.walk_back` from ``op`` to the kept tensors, stopped early: None as soon as
-    it meets an expensive op, a kept tensor not in ``sources``, or more than `REGION_END_OPS`
-    ops (a full walk from each kept tensor cost NASNetMobile's plan 26 s), else
-    ``(ops, met)``."""
-    seen, met, stack = set(), {}, [op]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        if op.type in EXPENSIVE_TYPES or len(seen) >= REGION_END_OPS:
-            return None
-        seen.add(op)
-        for t in op.inputs:
-            ref = t.ref()
-            if ref in chosen:
-                if ref not in sources:
-                    return None
-                met[ref] = t
-            elif view.walkable(t.op):
-                stack.append(t.op)
-    return seen, met
 
 
 def _keep_shared_recomputation(view, chosen, saved):

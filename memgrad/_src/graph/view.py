@@ -312,18 +312,33 @@ class ForwardGraph:
             return False
         return op in self.op_set or op not in self._data_dependent
 
-    def walk_back(self, ops, stop):
+    def walk_back(self, ops, stop, give_up=None):
         """The ops a recomputation of ``ops`` copies: ``ops`` and their producers, back
         through `walkable` ops to the tensors whose refs are in ``stop``.
 
+        Args:
+          ops: the ops to start from (they are part of the walk).
+          stop: refs of the tensors the walk stops at (kept tensors).
+          give_up: optional ``give_up(op, seen)``, asked before each op joins the walk
+            (``seen``: the ops walked so far); when it returns True the walk ends at once and
+            returns None (a caller that only wants short or cheap walks).
+
         Returns:
-          ``(ops, met)``: the set of ops, and ``{ref: tensor}`` of the ``stop`` tensors met.
+          ``(ops, met)``: the set of ops, and ``{ref: tensor}`` of the ``stop`` tensors met;
+          None when ``give_up`` stopped the walk.
+
+        Example:
+          ``view.walk_back([t.op], kept)`` lists what recomputing ``t`` from the kept
+          tensors runs; ``view.walk_back([t.op], kept, lambda op, seen: len(seen) >= 32)``
+          the same, or None past 32 ops.
         """
         seen, met, stack = set(), {}, list(ops)
         while stack:
             op = stack.pop()
             if op in seen:
                 continue
+            if give_up is not None and give_up(op, seen):
+                return None
             seen.add(op)
             for t in op.inputs:
                 ref = t.ref()
