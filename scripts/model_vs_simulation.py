@@ -47,6 +47,15 @@ def model_and_batch(name):
     return model, tf.random.stateless_normal([8, 64, 64, 3], seed=[0, 1])
 
 
+def leanest_cuts(view, model):
+    """``(cuts, modelled peak, recomputed FLOPs)`` of the memory model's leanest plan: the
+    cheapest cut positions at the least peak any positions reach (`Planner.smallest_feasible`)."""
+    from memgrad._src.checkpointing.budget_planner import Planner
+
+    planner = Planner(view, model)
+    return planner.plan(planner.smallest_feasible())
+
+
 def figures(name):
     """``{plain_model, plain_simulated, memory_model, memory_simulated, leanest_model,
     leanest_simulated}`` in bytes, ``{memory_passes, leanest_passes}`` (recomputed FLOPs over
@@ -57,7 +66,6 @@ def figures(name):
 
     import memgrad
     from memgrad._src.checkpointing.budget_measure import peak_of, plain_gradients
-    from memgrad._src.checkpointing.budget_planner import Planner
     from memgrad._src.checkpointing.plans import absorb_bias, memory_plan
     from memgrad._src.graph import ForwardGraph, MemoryModel
     from memgrad._src.graph.kernels import measuring_device
@@ -65,7 +73,9 @@ def figures(name):
     model, x = model_and_batch(name)
     out = {}
 
-    @tf.function
+    # No autograph: it would convert (and time) the planner's Python called directly here;
+    # memgrad.gradients is never converted (do_not_convert), the timing below is the user's.
+    @tf.function(autograph=False)
     def step(t):
         loss = tf.reduce_mean(tf.square(model(t, training=True)))
         view = ForwardGraph([loss], model.trainable_variables)
@@ -75,8 +85,7 @@ def figures(name):
         out["memory_model"], memory_flops = m.predict(m.positions_of(plan.tensors))
         out["memory_passes"] = memory_flops / forward
         start = time.perf_counter()
-        planner = Planner(view, m)
-        cuts, out["leanest_model"], leanest_flops = planner.plan(planner.smallest_feasible())
+        cuts, out["leanest_model"], leanest_flops = leanest_cuts(view, m)
         out["leanest_seconds"] = time.perf_counter() - start
         out["leanest_passes"] = leanest_flops / forward
         kernels = measuring_device()
@@ -99,7 +108,6 @@ def measured(name, calls=5):
     import tensorflow as tf
 
     import memgrad
-    from memgrad._src.checkpointing.budget_planner import Planner
     from memgrad._src.checkpointing.plans import absorb_bias
     from memgrad._src.graph import MemoryModel
 
@@ -110,8 +118,7 @@ def measured(name, calls=5):
 
         def plan(self, view):
             m = MemoryModel(view)
-            planner = Planner(view, m)
-            cuts, _, _ = planner.plan(planner.smallest_feasible())
+            cuts, _, _ = leanest_cuts(view, m)
             return memgrad.strategies.Tensors(absorb_bias(view, m.tensors_for(cuts))).plan(view)
 
     model, x = model_and_batch(name)

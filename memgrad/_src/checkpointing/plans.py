@@ -218,10 +218,9 @@ def speed_plan(view):
     nothing new (ReLU's output is the next product's input); a GELU's intermediates are
     recomputed from the product's output, and so is the GELU's output, the next product's
     input (`_drop_region_ends`: its ops are re-run for the GELU's gradient anyway). When the
-    plan would free less than
-    `SPEED_MIN_SAVING` (5%) of what plain backprop keeps, it is empty and plain
-    `tf.gradients` runs (no rewrite, no warning): the rewrite's bookkeeping would cost about
-    what it saves.
+    plan would free less than `SPEED_MIN_SAVING` (5%) of what plain backprop keeps, it is
+    empty and plain `tf.gradients` runs (no rewrite, no warning): the rewrite's bookkeeping
+    would cost about what it saves.
     """
     saved = _gradient_read(view)
     chosen = {}
@@ -281,8 +280,7 @@ def _drop_region_ends(view, chosen, sources):
     """
     def give_up(op, seen):
         # An expensive op, a kept tensor not kept for its region, or a long walk: the walk
-        # cannot end in a removal, so it stops there (a full walk from each kept tensor cost
-        # NASNetMobile's plan 26 s).
+        # cannot end in a removal, so it stops there.
         return (op.type in EXPENSIVE_TYPES or len(seen) >= REGION_END_OPS
                 or any(i.ref() in chosen and i.ref() not in sources for i in op.inputs))
 

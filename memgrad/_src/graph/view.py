@@ -314,23 +314,13 @@ class ForwardGraph:
 
     def walk_back(self, ops, stop, give_up=None):
         """The ops a recomputation of ``ops`` copies: ``ops`` and their producers, back
-        through `walkable` ops to the tensors whose refs are in ``stop``.
-
-        Args:
-          ops: the ops to start from (they are part of the walk).
-          stop: refs of the tensors the walk stops at (kept tensors).
-          give_up: optional ``give_up(op, seen)``, asked before each op joins the walk
-            (``seen``: the ops walked so far); when it returns True the walk ends at once and
-            returns None (a caller that only wants short or cheap walks).
+        through `walkable` ops to the tensors whose refs are in ``stop``. ``give_up(op, seen)``,
+        if given, is asked before each op joins the walk (``seen``: the ops walked so far);
+        True ends the walk at once (e.g. ``lambda op, seen: len(seen) >= 32``).
 
         Returns:
           ``(ops, met)``: the set of ops, and ``{ref: tensor}`` of the ``stop`` tensors met;
-          None when ``give_up`` stopped the walk.
-
-        Example:
-          ``view.walk_back([t.op], kept)`` lists what recomputing ``t`` from the kept
-          tensors runs; ``view.walk_back([t.op], kept, lambda op, seen: len(seen) >= 32)``
-          the same, or None past 32 ops.
+          None when ``give_up`` ended the walk.
         """
         seen, met, stack = set(), {}, list(ops)
         while stack:
