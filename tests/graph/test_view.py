@@ -79,30 +79,34 @@ def test_separators_of_a_residual_chain_and_cuts_of_a_skip():
     assert profile.produced[-1] == sum(profile.sizes)
 
 
-def test_walk_back_copies_the_ops_between_the_seeds_and_the_stop_tensors():
+def _walks(walk):
+    """``walk(view, a, c)`` traced on ``c = sin(a) + a``, ``a = tanh(x @ w)``: what it returns."""
     def build(x, w):
         a = tf.tanh(x @ w, name="a")
-        b = tf.sin(a, name="b")
-        c = tf.add(b, a, name="c")
+        c = tf.add(tf.sin(a, name="b"), a, name="c")
         loss = tf.reduce_sum(tf.cos(c), name="loss")
-        view = ForwardGraph([loss], [w])
-        names = lambda ops: sorted(op.name for op in ops)  # noqa: E731
+        return walk(ForwardGraph([loss], [w]), a, c)
+
+    return _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
+
+
+def _names(ops):
+    return sorted(op.name for op in ops)
+
+
+def test_walk_back_copies_the_ops_between_the_seeds_and_the_stop_tensors():
+    def walk(view, a, c):
         ops, met = view.walk_back([c.op], {a.ref()})
         everything, _ = view.walk_back([c.op], set())
-        return names(ops), [t.name for t in met.values()], names(everything)
+        return _names(ops), [t.name for t in met.values()], _names(everything)
 
-    ops, met, everything = _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
+    ops, met, everything = _walks(walk)
     assert ops == ["b", "c"] and met == ["a:0"]  # stops at a, met once though read twice
     assert everything == ["a", "b", "c", "matmul"]  # back to the inputs, never copied
 
 
 def test_walk_back_gives_up_when_asked_and_only_then():
-    def build(x, w):
-        a = tf.tanh(x @ w, name="a")
-        b = tf.sin(a, name="b")
-        c = tf.add(b, a, name="c")
-        loss = tf.reduce_sum(tf.cos(c), name="loss")
-        view = ForwardGraph([loss], [w])
+    def walk(view, a, c):
         asked = []
 
         def never(op, seen):
@@ -112,11 +116,11 @@ def test_walk_back_gives_up_when_asked_and_only_then():
         kept = view.walk_back([c.op], {a.ref()}, never)
         past_two = view.walk_back([c.op], set(), lambda op, seen: len(seen) >= 2)
         at_a_product = view.walk_back([c.op], set(), lambda op, seen: op.type == "MatMul")
-        return (sorted(op.name for op in kept[0]), sorted(asked), past_two, at_a_product,
-                view.walk_back([c.op], {a.ref()}, lambda op, seen: op.type == "MatMul"))
+        short = view.walk_back([c.op], {a.ref()}, lambda op, seen: op.type == "MatMul")
+        return _names(kept[0]), sorted(asked), past_two, at_a_product, short and _names(short[0])
 
-    kept, asked, past_two, at_a_product, short = _trace(build, tf.TensorSpec([2, 3]), tf.TensorSpec([3, 3]))
+    kept, asked, past_two, at_a_product, short = _walks(walk)
     assert kept == ["b", "c"]  # a hook that never gives up changes nothing
     assert asked == [("b", 1), ("c", 0)]  # asked once per op, before it joins the walk
     assert past_two is None and at_a_product is None  # the walk reached a third op, a product
-    assert short is not None and sorted(op.name for op in short[0]) == ["b", "c"]  # stopped at a first
+    assert short == ["b", "c"]  # stopped at a before the product
