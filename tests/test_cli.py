@@ -298,6 +298,11 @@ def test_the_launcher_turns_onednn_off_under_a_cap_unless_the_user_chose(monkeyp
     monkeypatch.setitem(sys.modules, "memgrad.cli", type(sys)("memgrad.cli"))  # no run: records the env
     seen = []
     sys.modules["memgrad.cli"].main = lambda argv: seen.append(os.environ.get(cli.ONEDNN_VARIABLE)) or 0
+    # setenv first, so monkeypatch restores both variables (unset) after the test: its delenv
+    # of an unset variable records nothing, and the launcher's setdefault leaked "0" into the
+    # process (a later test of the kernel choice then read it).
+    for name in (cli.CAP_VARIABLE, cli.ONEDNN_VARIABLE):
+        monkeypatch.setenv(name, "")
     for cap, chosen, expected in (("22", None, "0"), ("22", "1", "1"), (None, None, None)):
         for name, value in ((cli.CAP_VARIABLE, cap), (cli.ONEDNN_VARIABLE, chosen)):
             if value is None:
