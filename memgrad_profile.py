@@ -6,8 +6,13 @@ devices. ``memgrad.cli`` is
 part of the ``memgrad`` package, whose import imports TensorFlow, so the command's entry point
 is this module, which imports nothing before setting them. Values the user set are kept.
 ``python -m memgrad_profile ...`` is the same as ``memgrad-profile ...``.
+
+``--help`` is answered without importing TensorFlow at all: the parser's module
+(``memgrad/cli/arguments.py``, standard library only) is loaded by its path, since importing
+it as ``memgrad.cli.arguments`` would import the ``memgrad`` package first.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -24,6 +29,9 @@ def main(argv=None) -> int:
     Returns:
       The command's exit status.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        _arguments().build_parser().parse_args(argv)  # prints the help, exits 0
     # Level 3 hides TensorFlow's C++ start-up lines (CUDA probing, CPU features); the command
     # reports its own errors in one line each.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -37,6 +45,17 @@ def main(argv=None) -> int:
         from memgrad.cli import main as run
 
     return run(argv)
+
+
+def _arguments():
+    """``memgrad/cli/arguments.py`` as a module, loaded by its path: its package's
+    ``__init__`` (which imports TensorFlow) is not run."""
+    package = importlib.util.find_spec("memgrad")  # located, not imported
+    path = os.path.join(os.path.dirname(package.origin), "cli", "arguments.py")
+    spec = importlib.util.spec_from_file_location("memgrad_profile_arguments", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class _native_stderr_silenced:

@@ -152,7 +152,7 @@ def test_a_budget_in_decimal_units_shows_every_figure_in_mb(text, decimal):
     """Decimal exactly where parse_bytes reads a power of 1000 (units are case-insensitive)."""
     from memgrad.profiler import parse_bytes
 
-    budget = cli._budget(text)
+    budget = cli.budget_argument(text)
     assert budget.decimal is decimal and budget.bytes == parse_bytes(text)
 
 
@@ -311,6 +311,25 @@ def test_the_launcher_turns_onednn_off_under_a_cap_unless_the_user_chose(monkeyp
                 monkeypatch.setenv(name, value)
         assert memgrad_profile.main([]) == 0
         assert seen[-1] == expected, (cap, chosen, seen)
+
+
+def test_help_is_answered_without_importing_tensorflow():
+    """``memgrad-profile --help`` prints the same help as the command's parser, from a fresh
+    interpreter in which neither memgrad nor TensorFlow gets imported (importing them took
+    8-13 s on a 2-core CPU)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, memgrad_profile\n"
+             "try:\n    memgrad_profile.main(['--model', 'resnet', '--help'])\n"
+             "except SystemExit as done:\n    code = done.code\n"
+             "print('EXIT', code, sorted({'tensorflow', 'memgrad'} & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    help_text, last = done.stdout.rsplit("EXIT", 1)
+    assert last.split() == ["0", "[]"], done.stdout
+    # Whitespace aside: the wrapping follows the terminal's width (a hyphenated default breaks).
+    assert "".join(help_text.split()) == "".join(cli.build_parser().format_help().split())
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -26,8 +26,8 @@ import zipfile
 import keras
 import tensorflow as tf
 
-STRATEGIES = ("plain", "memory", "speed", "reversible", "selective")
-BUILT_IN = ("coupling", "resnet", "revnet", "densenet", "glow")
+from memgrad.cli.arguments import BUILT_IN, STRATEGIES
+
 IMAGE_SHAPE = (16, 16, 3)  # the zoo models' input in a sweep: small enough for a CPU
 
 DEFAULT_DEPTHS = {

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import gc
 
-# Timed rounds per point, and fewer for slow steps (steps of seconds vary little).
-TIMED_ROUNDS = 7
-SLOW_STEP_ROUNDS = 3
-SLOW_STEP_S = 0.4
+from memgrad.cli.arguments import SLOW_STEP_ROUNDS, SLOW_STEP_S, TIMED_ROUNDS
 
 
 def time_steps(entries, rounds=TIMED_ROUNDS, round_s=0.1):
