@@ -16,14 +16,19 @@ convolutional network is more than 10% off its simulation.
     python scripts/model_vs_simulation.py --model gpt2 --measure   # and each plan's real peak
 
 ``--measure`` also runs each plan in a step that returns every gradient (held, as the model
-assumes) and prints its measured peak above the baseline: the median and range of five
-calls, in the same process (TensorFlow's default threads, or what ``TF_NUM_INTEROP_THREADS``
-sets).
+assumes) and prints its measured peak above the baseline and its time against plain
+backprop's: the median and range of five calls, in the same process (TensorFlow's default
+threads, or what ``TF_NUM_INTEROP_THREADS`` sets). It measures one more plan: the model's
+cheapest cut positions at 'memory''s own modelled peak (gradients consumed as made).
+``--apply`` (with ``--measure``): the step applies each gradient as it is made instead.
+
+    python scripts/model_vs_simulation.py --model densenet121 --measure --apply
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -102,23 +107,42 @@ def figures(name):
     return {k: float(v) if v is not None else None for k, v in out.items()}
 
 
-def measured(name, calls=5):
-    """``{plain, memory, leanest}``: each plan's measured peaks above the baseline (bytes, one
-    per call) in a step that returns the loss and every gradient."""
+def cheapest_at_memory_peak(view, model):
+    """``(cuts, modelled peak, recomputed FLOPs)``: the model's cheapest cut positions whose
+    modelled peak is at most the 'memory' placement's (`Planner.plan` at that peak)."""
+    from memgrad._src.checkpointing.budget_planner import Planner
+    from memgrad._src.checkpointing.plans import memory_cuts
+
+    _, cuts = memory_cuts(model.profile)
+    peak, _ = model.predict(cuts)
+    return Planner(view, model).plan(peak)
+
+
+def measured(name, calls=5, apply=False):
+    """``{"peaks": {plan: [bytes per call]}, "seconds": {plan: [...]}}`` for plain backprop,
+    'memory', the model's leanest plan and its cheapest plan at 'memory''s modelled peak
+    (gradients consumed as made, the model's leanest case for activations), in a step that
+    returns the loss and every gradient (held, as the model assumes), or with ``apply`` one
+    that applies each gradient as it is made (an SGD ``assign_sub``, as Keras's optimizers
+    do). Peaks are above the baseline; seconds are per call, timed in interleaved rounds after
+    two warm-up calls."""
+    import time
+
     import tensorflow as tf
 
     import memgrad
     from memgrad._src.checkpointing.plans import absorb_bias
     from memgrad._src.graph import MemoryModel
 
-    class Leanest(memgrad.strategies.Strategy):
-        """The model's leanest plan: the cheapest cut positions at the least peak any reach."""
+    class Modelled(memgrad.strategies.Strategy):
+        """A plan of the memory model: ``search(view, model)`` gives its cut positions."""
 
-        name = "leanest"
+        def __init__(self, search, hold_gradients):
+            self.search, self.hold_gradients = search, hold_gradients
 
         def plan(self, view):
-            m = MemoryModel(view)
-            cuts, _, _ = leanest_cuts(view, m)
+            m = MemoryModel(view, hold_gradients=self.hold_gradients)
+            cuts, _, _ = self.search(view, m)
             return memgrad.strategies.Tensors(absorb_bias(view, m.tensors_for(cuts))).plan(view)
 
     model, x = model_and_batch(name)
@@ -129,27 +153,47 @@ def measured(name, calls=5):
         def step(t):
             with tape() as recorder:
                 loss = tf.reduce_mean(tf.square(model(t, training=True)))
-            return loss, recorder.gradient(loss, variables)
+            grads = recorder.gradient(loss, variables)
+            if not apply:
+                return loss, grads
+            for variable, grad in zip(variables, grads):
+                variable.assign_sub(1e-6 * tf.convert_to_tensor(grad))
+            return loss, []
         return step
 
-    steps = {"plain": step_of(tf.GradientTape),
-             "memory": step_of(lambda: memgrad.GradientTape(checkpoints="memory")),
-             "leanest": step_of(lambda: memgrad.GradientTape(checkpoints=Leanest()))}
-    return {key: [memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes
-                  for _ in range(calls)] for key, step in steps.items()}
+    plans = {"memory": "memory", "leanest": Modelled(leanest_cuts, True),
+             "cheapest at 'memory''s peak": Modelled(cheapest_at_memory_peak, False)}
+    steps = {"plain": step_of(tf.GradientTape)}
+    steps.update({key: step_of(lambda c=c: memgrad.GradientTape(checkpoints=c))
+                  for key, c in plans.items()})
+    peaks = {key: [memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes
+                   for _ in range(calls)] for key, step in steps.items()}
+    seconds = {key: [] for key in steps}
+    for step in steps.values():
+        for _ in range(2):
+            float(step(x)[0])
+    for _ in range(calls):
+        for key, step in steps.items():
+            start = time.perf_counter()
+            float(step(x)[0])
+            seconds[key].append(time.perf_counter() - start)
+    return {"peaks": peaks, "seconds": seconds}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=MODELS, action="append")
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--measure", action="store_true", help="also measure each plan's peak")
+    parser.add_argument("--measure", action="store_true",
+                        help="also measure each plan's peak and time (every gradient held)")
+    parser.add_argument("--apply", action="store_true",
+                        help="with --measure: a step that applies each gradient as it is made")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         result = figures(args.child)
         if args.measure:
-            result["measured"] = measured(args.child)
+            result["measured"] = measured(args.child, apply=args.apply)
         print("FIGURES " + json.dumps(result), flush=True)
         return 0
     failed = []
@@ -159,7 +203,8 @@ def main(argv=None) -> int:
     for name in args.model or MODELS:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT}
         command = [sys.executable, os.path.abspath(__file__), "--child", name]
-        done = subprocess.run(command + ["--measure"] * args.measure, capture_output=True,
+        flags = ["--measure"] * args.measure + ["--apply"] * args.apply
+        done = subprocess.run(command + flags, capture_output=True,
                               text=True, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
         if done.returncode or not lines:
@@ -172,10 +217,15 @@ def main(argv=None) -> int:
               f"{f['memory_passes']:.2f} passes | {f['leanest_simulated'] / MiB:.1f} / "
               f"{f['leanest_model'] / MiB:.1f} MiB, {f['leanest_passes']:.2f} passes, "
               f"{f['leanest_seconds']:.1f} s |", flush=True)
-        for key, peaks in f.get("measured", {}).items():
+        runs = f.get("measured", {"peaks": {}})
+        if runs["peaks"]:
+            plain_time = statistics.median(runs["seconds"]["plain"])
+        for key, peaks in runs["peaks"].items():
             peaks = sorted(p / MiB for p in peaks)
-            print(f"|   measured {key} | {peaks[len(peaks) // 2]:.1f} MiB "
-                  f"({peaks[0]:.1f}-{peaks[-1]:.1f}) | | |", flush=True)
+            ratios = sorted(t / plain_time for t in runs["seconds"][key])
+            print(f"|   measured {key} | {statistics.median(peaks):.1f} MiB "
+                  f"({peaks[0]:.1f}-{peaks[-1]:.1f}) | time {statistics.median(ratios):.2f}x "
+                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}) of plain | |", flush=True)
         if name in CONVOLUTIONAL and abs(f["plain_model"] / f["plain_simulated"] - 1) > 0.10:
             failed.append(name)
     if args.check and failed:
