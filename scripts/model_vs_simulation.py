@@ -125,9 +125,7 @@ def measured(name, calls=5, apply=False):
     returns the loss and every gradient (held, as the model assumes), or with ``apply`` one
     that applies each gradient as it is made (an SGD ``assign_sub``, as Keras's optimizers
     do). Peaks are above the baseline; seconds are per call, timed in interleaved rounds after
-    two warm-up calls."""
-    import time
-
+    two warm-up calls (`benchmarks.common.time_rounds`)."""
     import tensorflow as tf
 
     import memgrad
@@ -168,16 +166,11 @@ def measured(name, calls=5, apply=False):
                   for key, c in plans.items()})
     peaks = {key: [memgrad.profiler.measure(step, args=(x,)).peak_above_baseline_bytes
                    for _ in range(calls)] for key, step in steps.items()}
-    seconds = {key: [] for key in steps}
-    for step in steps.values():
-        for _ in range(2):
-            float(step(x)[0])
-    for _ in range(calls):
-        for key, step in steps.items():
-            start = time.perf_counter()
-            float(step(x)[0])
-            seconds[key].append(time.perf_counter() - start)
-    return {"peaks": peaks, "seconds": seconds}
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from benchmarks.common import time_rounds
+
+    losses = {key: lambda t, step=step: step(t)[0] for key, step in steps.items()}
+    return {"peaks": peaks, "seconds": time_rounds(losses, x, calls)}
 
 
 def main(argv=None) -> int:
