@@ -166,16 +166,20 @@ class LoopGradients:
       policy: ``'segments'`` (differentiate loops in segments of steps where that applies)
         or ``'kept'`` (TensorFlow's own loop gradient).
       xla: whether the graph is traced for XLA (segments then give way to replays).
+      wanted: ``wanted(tensor)``, whether the gradient of a loop's input is asked for (some
+        x flows into it); the segments then carry no gradient for the other inputs (a
+        sequence the loop reads from a constant, a state starting at zeros). Default: all.
 
     Attributes:
       records: one `LoopRecord` per loop differentiated, in the order they were.
     """
 
-    def __init__(self, policy="segments", xla=False):
+    def __init__(self, policy="segments", xla=False, wanted=None):
         if policy not in ("segments", "kept"):
             raise ValueError(f"policy must be 'segments' or 'kept'. Received: {policy!r}")
         self.policy = policy
         self.xla = xla
+        self.wanted = wanted
         self.records = []
 
     def install(self, ops):
@@ -285,7 +289,7 @@ class LoopGradients:
         for key in ("_lower_using_switch_merge", "_read_only_resource_inputs"):
             if key in op.node_def.attr:
                 attrs[key] = op.node_def.attr[key]
-        chained, initial, fixed = self._chained_gradients(op, body, kinds, grads)
+        chained, initial, fixed = self._chained_gradients(op, body, kinds, grads, self.wanted)
         if not chained and not fixed:
             return [None] * len(op.inputs)
         steps = op.outputs[0]
@@ -407,7 +411,7 @@ class LoopGradients:
         return tf_internals.add_function_to_graph(graph)
 
     @staticmethod
-    def _chained_gradients(op, body, kinds, grads):
+    def _chained_gradients(op, body, kinds, grads, wanted=None):
         """The loop variables whose gradient runs through the segments, and its start.
 
         States and written lists pass their gradient from a segment to the one before it;
@@ -429,6 +433,12 @@ class LoopGradients:
                     or t.dtype in (tf.resource, tf.variant)):
                 continue
             if kind == "list" and grad is None:
+                continue
+            if kind == "invariant" and wanted is not None and not wanted(t):
+                # No x flows into it (a sequence read from a constant, a variable not
+                # differentiated): its gradient, summed over the segments, would be computed
+                # for nothing. A state's or a written list's gradient is chained on, whatever
+                # its start: the segment before reads it.
                 continue
             if kind == "list" and t.op.type in ("TensorListReserve", "EmptyTensorList") and (
                     _writes_at_step_index(body, i)):

@@ -55,7 +55,8 @@ class _Rewrite:
         self.segments = 0
         self.in_place_segments = 0  # segments differentiated on the original ops
         self.loops = LoopGradients(
-            loops, xla=tf_internals.graph_or_parents_in_xla_context(self.graph))
+            loops, xla=tf_internals.graph_or_parents_in_xla_context(self.graph),
+            wanted=lambda t: view.is_forward(t.op) or view.x_index(t) is not None)
         self.checkpoints = {}
         self.dead = set()
         for t in checkpoints:
