@@ -286,6 +286,40 @@ def test_keras_recurrent_layers_match_tf_gradient_tape(name):
 
 
 @pytest.mark.slow
+def test_keras_lstm_under_mirrored_strategy_matches_tf_gradients(mirrored_strategy):
+    """Each replica differentiates its own LSTM (its copies of the mirrored weights) with
+    respect to the weights alone: the segments carry the weights' gradients, read through the
+    replica's variable handles, and leave out the input sequence's."""
+    strategy = mirrored_strategy
+    keras.utils.set_random_seed(14)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((STEPS * 2, WIDTH)),
+                                  keras.layers.LSTM(6, return_sequences=True),
+                                  keras.layers.LSTM(4), keras.layers.Dense(2)])
+    x = tf.random.stateless_normal([2 * BATCH, STEPS * 2, WIDTH], [14, 15])
+
+    @tf.function
+    def step(x):
+        def replica_step(x):
+            loss = tf.reduce_sum(model(x, training=True) ** 2)
+            return (tf.gradients(loss, model.trainable_variables),
+                    memgrad.gradients(loss, model.trainable_variables))
+
+        halves = strategy.experimental_distribute_values_from_function(
+            lambda ctx: x[ctx.replica_id_in_sync_group * BATCH:][:BATCH])
+        return strategy.run(replica_step, args=(halves,))
+
+    with memgrad.record_rewrites() as log:
+        reference, got = step(x)
+    assert len(log) == 2 and all(r.mode == "segments" for entry in log for r in entry.loops), log
+    for replica in range(2):
+        pick = [strategy.experimental_local_results(g)[replica] for g in reference + got]
+        half = len(pick) // 2
+        assert min(float(tf.reduce_max(tf.abs(g))) for g in pick[:half]) > 0
+        assert max(_relative_errors(pick[:half], pick[half:])) <= TOLERANCE
+
+
+@pytest.mark.slow
 def test_conv_lstm_2d_matches_tf_gradients():
     keras.utils.set_random_seed(12)
     model = keras.Sequential([keras.Input((5, 6, 6, 2)),
