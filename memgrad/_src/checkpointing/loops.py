@@ -167,8 +167,9 @@ class LoopGradients:
         or ``'kept'`` (TensorFlow's own loop gradient).
       xla: whether the graph is traced for XLA (segments then give way to replays).
       wanted: ``wanted(tensor)``, whether the gradient of a loop's input is asked for (some
-        x flows into it); the segments then carry no gradient for the other inputs (a
-        sequence the loop reads from a constant, a state starting at zeros). Default: all.
+        x flows into it); the segments then carry no gradient for the other invariant
+        inputs (a sequence the loop reads from a constant, a variable not differentiated).
+        States and written lists are chained whatever it says. Default: all.
 
     Attributes:
       records: one `LoopRecord` per loop differentiated, in the order they were.
