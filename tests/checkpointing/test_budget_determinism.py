@@ -47,9 +47,10 @@ def test_the_measured_step_holds_the_budget(fresh_results, name):
     was asserted within 1.05x until one CI process (oneDNN off, one inter-op thread) read
     two-block GPT-2 at Budget(0.5) at 6.73-6.87 MiB in all five calls against a budget of
     5.83 MiB (1.15-1.18x; other processes 5.12-5.61): the fixed order is fixed within a
-    process, not between processes, and the Budget overshot its budget there. A step's peak still moves between calls there (two-block GPT-2
-    at Budget(0.5): 5.12-5.61 MiB) and ran up to 1.27x its plan's predicted peak, which the
-    Budget's 20% margin covers (1.27 x 0.8 = 1.02). MobileNetV3Small at Budget(0.8), five
+    process, not between processes, and the Budget overshot its budget there. A step's peak
+    still moves between calls in a process (two-block GPT-2 at Budget(0.5): 5.12-5.61 MiB) and
+    ran up to 1.27x its plan's predicted peak, which the Budget's 20% margin covers (1.27 x 0.8
+    = 1.02). MobileNetV3Small at Budget(0.8), five
     calls per run in a loop of the memory tests: 0.82-0.93x of the budget, except one call in
     thirty at 1.14x (11.0 MiB at 9.69): the single-call bound is that measured outlier.
     DenseNet121 (64x64, batch 8) at Budget(0.8): 0.83-0.87x of 70.7 MiB with oneDNN,
