@@ -5,7 +5,8 @@ downloaded), traces `tests.profiler.predict_probe.training_step` under
 ``memgrad.strategies.Budget(LIMIT)`` (SGD applied after the whole backward pass, as ``fit``
 does) and returns the plan: the tensors kept (by name), the ops copied, the candidate and
 the figures of ``plan.details``; with CALLS > 0, also the step's measured peaks above
-baseline.
+baseline (the allocator's) and, for two profiled calls, the peak of the bytes its buffers
+requested (`PeakTensors.requested_peak_bytes`).
 """
 
 import os
@@ -47,7 +48,8 @@ def _model_and_batch(name):
 
 def plan_and_measure(name, limit, calls=0):
     """``{"kept": [...], "copied_ops", "candidate", "budget_bytes", "predicted_bytes",
-    "plain_bytes", "recomputed_flops", "peaks": [...], "threads"}``, or ``{"refused": message}``."""
+    "plain_bytes", "recomputed_flops", "peaks": [...], "requested": [...], "threads"}``, or
+    ``{"refused": message}``."""
     model, inputs = _model_and_batch(name)
     labels = tf.zeros([tf.nest.flatten(inputs)[0].shape[0]], tf.int32)
     step = training_step(model, memgrad.strategies.Budget(limit))
@@ -66,4 +68,8 @@ def plan_and_measure(name, limit, calls=0):
     if calls:
         runs = memgrad.profiler.measure_runs(step, (inputs, labels), device="CPU:0", repeats=calls)
         result["peaks"] = [run.peak_above_baseline_bytes for run in runs]
+        result["requested"] = [
+            memgrad.profiler.largest_live_tensors(
+                step, (inputs, labels), k=1, device="CPU:0", warmup=0).requested_peak_bytes
+            for _ in range(2)]
     return result

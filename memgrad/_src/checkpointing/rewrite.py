@@ -13,8 +13,8 @@ loss back to the inputs:
    A segment whose gradients read only kept tensors needs no copy: its gradient is taken
    on the original ops, with the gradients stopped at the kept tensors.
 3. Every port and copied root op carries a control dependency on the group's incoming
-   gradient and on the previous segment's gradients, so the executor cannot recompute a
-   segment early, while the forward pass runs (it would then hold its memory for nothing).
+   gradient and on every gradient the segment after it made (its weights' too), so the
+   executor cannot recompute a segment early, while the forward pass or a later segment runs.
    XLA drops control dependencies, so under ``jit_compile=True`` each port also carries a
    data dependency on the incoming gradient (`memgrad._src.recompute.Gate`): the
    recomputation still waits, and, reading new values, is not merged with the forward.
@@ -255,10 +255,8 @@ class _Rewrite:
         # A cycle must raise before any gradient is built: TensorFlow's gradient functions
         # make the loops and calls they differentiate output their intermediates, which a
         # fallback keeps alive (an LSTM's Hessian-vector product at 2.7x plain's peak).
-        levels = self.levels()
-        parts = GradientParts(self)
-        self.last_segment(grad_ys, parts)
-        previous = []
+        levels, parts = self.levels(), GradientParts(self)
+        previous = self.last_segment(grad_ys, parts)
         for level in reversed(levels):
             previous = self.differentiate_level(level, parts, previous)
         return parts.results()
@@ -266,7 +264,8 @@ class _Rewrite:
     def last_segment(self, grad_ys, parts):
         """Differentiates the last segment (from the last checkpoints to ``view.ys``) on the
         original ops, whose activations are alive then; the gradient stops at the
-        checkpoints, and its parts go to ``parts``."""
+        checkpoints, its parts go to ``parts``. Returns the dense parts of its leaf xs'
+        (weights') gradients: the first copy waits for them (else they may run last)."""
         view = self.view
         final_ys, final_grads = [], []
         for y, dy in zip(view.ys, grad_ys):
@@ -290,7 +289,7 @@ class _Rewrite:
             if t.ref() not in self.checkpoints or t.ref() in through:
                 leaves.setdefault(t.ref(), x)
         if not final_ys:
-            return
+            return []
         with gradient_walk.stops_at_calls(stops):
             grads = self.gradients_fn(
                 final_ys, stops + list(leaves.values()), grad_ys=final_grads,
@@ -302,6 +301,7 @@ class _Rewrite:
         for ref, grad in zip(leaves, grads[len(stops):]):
             if grad is not None:
                 parts.x_parts[ref].append(grad)
+        return [dense_parts(grad) for grad in grads[len(stops):] if grad is not None]
 
     def differentiate_level(self, level, parts, previous):
         """Carries the gradient back through one level of checkpoints (refs), whose parts are
