@@ -180,3 +180,33 @@ def test_copies_no_gradient_reads_are_counted_as_copied_not_recomputed():
     with memgrad.record_rewrites() as log:
         fn(X)
     assert (log[0].copied_ops, log[0].recomputed_ops) == (3, 2), log[0]
+
+
+def test_the_first_copy_waits_for_the_last_segments_weight_gradient():
+    """A weight gradient of the last segment is needed by no other gradient: left to the
+    executor, it can run after the copies and hold what it reads (the activation it is
+    computed from) through them. A two-block GPT-2 at Budget(0.6), one inter-op thread,
+    ran it last in about one fresh process in seven: 6.34 MiB requested at the peak,
+    against 5.34 in the others and the model's 4.58. The first copy waits for it."""
+    w = tf.constant([0.5, -1.0, 2.0])
+
+    @tf.function(autograph=False)
+    def fn(x, w):
+        b = tf.sin(tf.tanh(x), name="b")
+        d = tf.sin(tf.tanh(b), name="d")
+        y = tf.reduce_sum(tf.tanh(d) * w, name="y")
+        rewrite = _Rewrite(ForwardGraph([y], [x, w]), [b, d], GRADIENTS, {})
+        parts = GradientParts(rewrite)
+        previous = rewrite.last_segment([None], parts)
+        (dw,) = parts.x_parts[w.ref()]
+        assert len(previous) == 1 and previous[0] == [dw], previous
+        levels = rewrite.levels()
+        rewrite.differentiate_level(levels[1], parts, previous)
+        (port,) = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                   if op.type == "Identity" and op.name.split("/")[-1].startswith("port")]
+        (barrier,) = port.control_inputs
+        assert dw.op in barrier.control_inputs, [op.name for op in barrier.control_inputs]
+        return dw, tf.gradients(y, w)[0]
+
+    got, expected = fn(X, w)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
