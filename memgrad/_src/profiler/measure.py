@@ -197,9 +197,10 @@ def measure_runs(fn, args=(), kwargs=None, *, device=None, warmup=1, repeats=5) 
     lives between calls), its peak counter reset, the call run and its peak read (a
     `memory_window` around the call). A step's
     peak moves from call to call with the order in which the executor's threads run ready
-    ops (5-10% on two CPU cores; fixed with ``TF_NUM_INTEROP_THREADS=1`` set before
-    TensorFlow starts), so callers choose what to read of the runs: their largest, median
-    or range.
+    ops (5-10% on two CPU cores; fixed within a process with ``TF_NUM_INTEROP_THREADS=1``
+    set before TensorFlow starts) and with the allocator's chunk fitting (a few percent in
+    a fixed order; `largest_live_tensors`' ``requested_peak_bytes`` leaves it out), so
+    callers choose what to read of the runs: their largest, median or range.
 
     Args:
       fn: the callable to measure, e.g. a ``tf.function`` training step.
