@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from memgrad._src.profiler import live
-from memgrad._src.profiler.live import LiveTensor, largest_live_tensors, replay
+from memgrad._src.profiler.live import LiveTensor, largest_live_tensors, replay, requested_peak
 
 
 def _alloc(address, usage, nbytes, op, shape="[1]", dtype=1):
@@ -25,6 +25,17 @@ def test_replay_lists_what_was_alive_at_the_highest_usage():
     assert peak.other_bytes == 0
     top1 = replay(events, k=1)
     assert [t.op for t in top1.tensors] == ["b"] and top1.other_bytes == 100
+
+
+def test_the_requested_peak_leaves_out_the_allocators_fitting_and_buffers_from_before():
+    # The allocator gave 512 B for a 300-B request (its usage, not the request, says so); a
+    # buffer from before the call (address 9) released during it subtracts nothing.
+    events = [_alloc(1, 612, 100, "a"), _alloc(2, 1124, 300, "b"), _free(9, 900, 224),
+              _free(1, 800, 100), _alloc(3, 1000, 250, "c"), _free(2, 488)]
+    assert requested_peak(events) == 550 and replay(events, k=1).requested_peak_bytes == 550
+    assert replay(events, k=1).peak_bytes == 1124
+    # An address allocated again without its release recorded counts its new size only.
+    assert requested_peak([_alloc(1, 100, 100, "a"), _alloc(1, 200, 40, "b"), _alloc(2, 300, 30, "c")]) == 100
 
 
 def test_a_variable_whose_storage_moves_during_the_step_is_counted_once():

@@ -92,46 +92,16 @@ def step_peak(model, batch, graph=False, calls=2, step=None):
 
 
 def requested_peak(model, batch, graph=True, step=None):
-    """The most bytes *requested* by live allocations made during one profiled step.
+    """The most bytes *requested* by live allocations made during one profiled step
+    (`PeakTensors.requested_peak_bytes`).
 
     The allocator's own peak counts whole BFC chunks, and a chunk can be up to twice the
     request depending on what is free: the same graph measured 9.3-10.5 MiB across
     processes. Replaying the profiler's allocation events with the requested sizes gives
     the same figure for the same schedule.
     """
-    import glob
-    import os
-    import shutil
-    import tempfile
-
-    from memgrad._src import tf_internals
-    from memgrad._src.profiler.live import _allocation_events
-
     step = step or make_step(model, batch, graph)
-    step()
-    logdir = tempfile.mkdtemp(prefix="memgrad-requested-")
-    try:
-        tf.profiler.experimental.start(logdir)
-        try:
-            step()
-        finally:
-            tf.profiler.experimental.stop()
-        space = tf_internals.xplane_pb2().XSpace()
-        for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
-            with open(path, "rb") as handle:
-                space.MergeFromString(handle.read())
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
-    live, total, peak = {}, 0, 0
-    for _, kind, stats in _allocation_events(space, "CPU:0"):
-        address = stats.get("addr")
-        if kind == "MemoryAllocation":
-            live[address] = int(stats.get("requested_bytes") or 0)
-            total += live[address]
-            peak = max(peak, total)
-        else:
-            total -= live.pop(address, 0)
-    return peak
+    return memgrad.profiler.largest_live_tensors(step, (), k=1, device="CPU:0").requested_peak_bytes
 
 
 def step_seconds(model, batch, graph=False, rounds=5):

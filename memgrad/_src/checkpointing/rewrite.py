@@ -13,8 +13,8 @@ loss back to the inputs:
    A segment whose gradients read only kept tensors needs no copy: its gradient is taken
    on the original ops, with the gradients stopped at the kept tensors.
 3. Every port and copied root op carries a control dependency on the group's incoming
-   gradient and on every gradient the segment after it made (its weights' too), so the
-   executor cannot recompute a segment early, while the forward pass or a later segment runs.
+   gradient and on the gradients of the copy before it (its ports') or, first, on the last
+   segment's weight gradients, so the executor cannot recompute a segment early.
    XLA drops control dependencies, so under ``jit_compile=True`` each port also carries a
    data dependency on the incoming gradient (`memgrad._src.recompute.Gate`): the
    recomputation still waits, and, reading new values, is not merged with the forward.

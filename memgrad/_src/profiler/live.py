@@ -262,10 +262,11 @@ def requested_peak(events):
     for _, kind, stats in events:
         address = stats.get("addr")
         if kind == "MemoryAllocation":
+            usage -= live.get(address, 0)  # an address reused without its release recorded
             live[address] = int(stats.get("requested_bytes") or 0)
             usage += live[address]
             peak = max(peak, usage)
-        else:
+        else:  # a buffer from before the events (weights, inputs) subtracts nothing
             usage -= live.pop(address, 0)
     return peak
 
