@@ -82,7 +82,9 @@ def _median_peak(step, x, calls):
 
 def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain|reversible-input/depth``
-    (``reversible-input``: the reversible stack differentiated with respect to its input only).
+    (``reversible-input``: the reversible stack differentiated with respect to its input only;
+    eagerly also ``reversible-input-requested``: the bytes requested at its peak, the
+    allocator's fitting left out).
 
     ``invertible_dtype``: the stacks' (default "auto": float64 around these float32 networks).
     ``policy``: a Keras dtype policy for the networks ("float64", "mixed_float16", ...; the
@@ -111,8 +113,13 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
                     key = f"{kind}/{'graph' if graph else 'eager'}/{'reversible' if reversible else 'plain'}/{depth}"
                     peaks[key] = _median_peak(step, x, calls)
                     if reversible:  # the same stack, its inverses checked, without the weights' gradients
-                        peaks[key.replace("/reversible/", "/reversible-input/")] = _median_peak(
-                            input_gradient_step(stack, graph), x, calls)
+                        input_key = key.replace("/reversible/", "/reversible-input/")
+                        input_step = input_gradient_step(stack, graph)
+                        peaks[input_key] = _median_peak(input_step, x, calls)
+                        if not graph:  # program order: the bytes requested are the same in every process
+                            peaks[input_key.replace("/reversible-input/", "/reversible-input-requested/")] = (
+                                memgrad.profiler.largest_live_tensors(
+                                    input_step, args=(x,), k=1, device="CPU:0").requested_peak_bytes)
     return peaks
 
 

@@ -91,6 +91,26 @@ def run_network(network, h, training=None):
     return tf.cast(network(tf.cast(h, network_dtype(network)), training=training), h.dtype)
 
 
+def network_vjp(network, h, output_gradient, variables, training=None):
+    """Runs ``network`` on ``h`` (in the network's own dtype, as `run_network`) and
+    back-propagates ``output_gradient`` through it.
+
+    Returns:
+      ``(output, gradients)``: the network's output in ``h``'s dtype, and the gradients with
+      respect to ``h`` (in ``output_gradient``'s dtype; zeros where the output does not
+      depend on ``h``) and to each of ``variables`` (``None`` where unused).
+    """
+    inputs = tf.cast(h, network_dtype(network))
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        outputs = network(inputs, training=training)
+    grads = tape.gradient(outputs, [inputs] + list(variables),
+                          output_gradients=tf.cast(output_gradient, outputs.dtype))
+    d_h = (tf.zeros_like(output_gradient) if grads[0] is None
+           else tf.cast(grads[0], output_gradient.dtype))
+    return tf.cast(outputs, h.dtype), [d_h] + grads[1:]
+
+
 def layer_name(layer) -> str:
     return f"{type(layer).__name__} '{getattr(layer, 'name', '?')}'"
 

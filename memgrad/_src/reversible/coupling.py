@@ -5,15 +5,19 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from memgrad._src.recompute import gate
 from memgrad._src.reversible.base import (
     ReversibleBlock,
     add_gradients,
     broadcast_per_example,
     layer_name,
+    network_dtype,
+    network_vjp,
     per_example_sum,
     run_network,
     split_channels,
 )
+from memgrad._src.reversible.carry import take
 
 
 def _half_shape(block, input_shape):
@@ -79,6 +83,7 @@ class AdditiveCoupling(ReversibleBlock):
     """
 
     accepts_invertible_dtype = True
+    takes_halves = True  # a ReversibleSequence passes consecutive couplings the halves as they are
 
     def __init__(self, f, g, **kwargs):
         super().__init__(**kwargs)
@@ -93,11 +98,15 @@ class AdditiveCoupling(ReversibleBlock):
         _build_half_to_half(self, self.g, "g", half)
         super().build(input_shape)
 
-    def forward(self, x, training=None):
-        x1, x2 = split_channels(x)
+    def forward_halves(self, x1, x2, training=None):
+        """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
         y1 = x1 + run_network(self.f, x2, training)
         y2 = x2 + run_network(self.g, y1, training)
-        return tf.concat([y1, y2], axis=-1), tf.zeros(tf.shape(x)[:1], dtype=x.dtype)
+        return y1, y2, tf.zeros(tf.shape(x1)[:1], dtype=x1.dtype)
+
+    def forward(self, x, training=None):
+        y1, y2, logdet = self.forward_halves(*split_channels(x), training=training)
+        return tf.concat([y1, y2], axis=-1), logdet
 
     def inverse(self, y, training=None):
         y1, y2 = split_channels(y)
@@ -105,22 +114,35 @@ class AdditiveCoupling(ReversibleBlock):
         x1 = y1 - run_network(self.f, x2, training)
         return tf.concat([x1, x2], axis=-1)
 
-    def backward(self, y, dy, dlogdet, variables, training=None):
-        y1, y2 = split_channels(y)
-        dy1, dy2 = split_channels(dy)
-        with tf.GradientTape() as tape:
-            tape.watch(y1)
-            g_y1 = run_network(self.g, y1, training)
-        g_grads = tape.gradient(g_y1, [y1] + list(variables), output_gradients=dy2)
+    def backward_halves(self, y, dy, dlogdet, variables, training=None):
+        """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
+
+        Args:
+          y: ``[y1, y2]``, the output's channel halves, as a list the block empties (eagerly,
+            each half is then released as soon as the block no longer needs it).
+          dy: ``[dy1, dy2]``, their gradients, likewise; they may be of a narrower dtype than
+            ``y`` (float32 gradients of float64 activations), which the returned ones keep.
+          dlogdet, variables, training: as for `backward`.
+
+        Returns:
+          ``([x1, x2], [dx1, dx2], variable_gradients)``.
+        """
+        (y1, y2), (dy1, dy2) = take(y), take(dy)
+        g_y1, g_grads = network_vjp(self.g, y1, dy2, variables, training)
         x2 = y2 - g_y1
         dz1 = dy1 + g_grads[0]  # the full gradient reaching y1
-        with tf.GradientTape() as tape:
-            tape.watch(x2)
-            f_x2 = run_network(self.f, x2, training)
-        f_grads = tape.gradient(f_x2, [x2] + list(variables), output_gradients=dz1)
+        # Eagerly, not alive through f's backward, whose hidden activations make the peak.
+        del g_y1, y2, dy1
+        # In a graph, f's recomputation waits for g's backward: it needs only x2, and run
+        # early it would hold its hidden activations beside g's.
+        f_x2, f_grads = network_vjp(self.f, gate(x2, [dz1]), dz1, variables, training)
         x1 = y1 - f_x2
-        dx = tf.concat([dz1, dy2 + f_grads[0]], axis=-1)
-        return tf.concat([x1, x2], axis=-1), dx, add_gradients(g_grads[1:], f_grads[1:])
+        return [x1, x2], [dz1, dy2 + f_grads[0]], add_gradients(g_grads[1:], f_grads[1:])
+
+    def backward(self, y, dy, dlogdet, variables, training=None):
+        x, dx, grads = self.backward_halves(list(split_channels(y)), list(split_channels(dy)),
+                                            dlogdet, variables, training)
+        return tf.concat(list(x), axis=-1), tf.concat(list(dx), axis=-1), grads
 
     def get_config(self):
         config = super().get_config()
@@ -198,6 +220,7 @@ class AffineCoupling(ReversibleBlock):
         self.fused_backward = bool(fused_backward)
 
     accepts_invertible_dtype = True
+    takes_halves = True
 
     def build(self, input_shape):
         half = _half_shape(self, input_shape)
@@ -208,9 +231,18 @@ class AffineCoupling(ReversibleBlock):
             _build_half_to_half(self, self.g, "g", half)
         super().build(input_shape)
 
+    def _scale_dtype(self):
+        """The dtype of the log-scale and shift: the networks', at least float32."""
+        networks = [self.network] if self.network is not None else [self.f, self.g]
+        return "float64" if any(network_dtype(n) == "float64" for n in networks) else "float32"
+
     def _log_scale_and_shift(self, x1, training):
-        # The networks compute in their own dtype; the scale, shift and their arithmetic in
-        # the carried one (x1's).
+        """The log-scale and shift, from ``x1`` in `_scale_dtype` (Glow's bounded scale too).
+
+        They stay in that dtype: a wider carried dtype is needed only for the arithmetic on
+        ``x2``, which the forward and inverse do with the same scale and shift, so a backward
+        pass that records them keeps nothing wider than the networks compute in.
+        """
         if self.network is not None:
             raw, shift = split_channels(run_network(self.network, x1, training))
         else:
@@ -219,32 +251,71 @@ class AffineCoupling(ReversibleBlock):
             return tf.math.log_sigmoid(raw + 2.0), shift
         return raw, shift
 
+    def _wide_log_scale_and_shift(self, x1, training):
+        log_s, shift = self._log_scale_and_shift(tf.cast(x1, self._scale_dtype()), training)
+        return tf.cast(log_s, x1.dtype), tf.cast(shift, x1.dtype)
+
+    def forward_halves(self, x1, x2, training=None):
+        """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
+        log_s, shift = self._wide_log_scale_and_shift(x1, training)
+        return x1, x2 * tf.exp(log_s) + shift, per_example_sum(log_s)
+
     def forward(self, x, training=None):
-        x1, x2 = split_channels(x)
-        log_s, shift = self._log_scale_and_shift(x1, training)
-        y2 = x2 * tf.exp(log_s) + shift
-        return tf.concat([x1, y2], axis=-1), per_example_sum(log_s)
+        y1, y2, logdet = self.forward_halves(*split_channels(x), training=training)
+        return tf.concat([y1, y2], axis=-1), logdet
 
     def inverse(self, y, training=None):
         y1, y2 = split_channels(y)
-        log_s, shift = self._log_scale_and_shift(y1, training)
+        log_s, shift = self._wide_log_scale_and_shift(y1, training)
         return tf.concat([y1, (y2 - shift) * tf.exp(-log_s)], axis=-1)
 
-    def backward(self, y, dy, dlogdet, variables, training=None):
+    def backward_halves(self, y, dy, dlogdet, variables, training=None):
+        """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
+
+        Args:
+          y: ``[y1, y2]``, the output's channel halves, as a list the block empties (eagerly,
+            each half is then released as soon as the block no longer needs it).
+          dy: ``[dy1, dy2]``, their gradients, likewise; they may be of a narrower dtype than
+            ``y`` (float32 gradients of float64 activations), which the returned ones keep.
+          dlogdet, variables, training: as for `backward`.
+
+        Returns:
+          ``([x1, x2], [dx1, dx2], variable_gradients)``.
+        """
+        (y1, y2), (dy1, dy2) = take(y), take(dy)
         if not self.fused_backward:
-            return super().backward(y, dy, dlogdet, variables, training)
-        y1, y2 = split_channels(y)
-        dy1, dy2 = split_channels(dy)
+            x, dx, grads = ReversibleBlock.backward(
+                self, tf.concat([y1, y2], axis=-1), tf.cast(tf.concat([dy1, dy2], axis=-1), y1.dtype),
+                dlogdet, variables, training)
+            return list(split_channels(x)), list(split_channels(tf.cast(dx, dy1.dtype))), grads
+        narrow = tf.cast(y1, self._scale_dtype())
         with tf.GradientTape() as tape:
-            tape.watch(y1)
-            log_s, shift = self._log_scale_and_shift(y1, training)
-        centred = y2 - shift  # = x2 * s
-        x2 = centred * tf.exp(-log_s)
-        # y2 = x2 * s + t: dL/dlog_s = dy2 * x2 * s (+ dlogdet), dL/dt = dy2, dL/dx2 = dy2 * s.
-        dlog_s = dy2 * centred + broadcast_per_example(dlogdet, dy2)
-        grads = tape.gradient([log_s, shift], [y1] + list(variables), output_gradients=[dlog_s, dy2])
-        dx = tf.concat([dy1 + grads[0], dy2 * tf.exp(log_s)], axis=-1)
-        return tf.concat([y1, x2], axis=-1), dx, grads[1:]
+            tape.watch(narrow)
+            log_s, shift = self._log_scale_and_shift(narrow, training)
+        wide_log_s = tf.cast(log_s, y2.dtype)
+        centred = y2 - tf.cast(shift, y2.dtype)  # = x2 * s
+        del y2
+        x2 = centred * tf.exp(-wide_log_s)
+        # y2 = x2 * s + t: dL/dlog_s = dy2 * x2 * s (+ dlogdet), dL/dt = dy2, dL/dx2 = dy2 * s,
+        # in the activations' dtype; what the networks' backward takes in theirs. Eagerly, the
+        # wide temporaries are released before that backward, whose hidden activations make
+        # the peak.
+        wide_dy2 = tf.cast(dy2, centred.dtype)
+        dlog_s = tf.cast(wide_dy2 * centred + broadcast_per_example(tf.cast(dlogdet, centred.dtype), wide_dy2),
+                         log_s.dtype)
+        del centred
+        dx2 = tf.cast(wide_dy2 * tf.exp(wide_log_s), dy1.dtype)
+        del wide_dy2, wide_log_s
+        grads = tape.gradient([log_s, shift], [narrow] + list(variables),
+                              output_gradients=[dlog_s, tf.cast(dy2, shift.dtype)])
+        del dlog_s, narrow
+        dx1 = dy1 if grads[0] is None else dy1 + tf.cast(grads[0], dy1.dtype)
+        return [y1, x2], [dx1, dx2], grads[1:]
+
+    def backward(self, y, dy, dlogdet, variables, training=None):
+        x, dx, grads = self.backward_halves(list(split_channels(y)), list(split_channels(dy)),
+                                            dlogdet, variables, training)
+        return tf.concat(list(x), axis=-1), tf.concat(list(dx), axis=-1), grads
 
     def get_config(self):
         config = super().get_config()

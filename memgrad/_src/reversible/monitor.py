@@ -21,6 +21,8 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from memgrad._src.reversible import carry
+
 # Relative drift past which the monitor warns, by the stack's invertible dtype. Carried in
 # float64 the rebuilt activations drift by ~1e-15; past 1e-5 something else is wrong (a block
 # whose inverse is not exact, weights changed between forward and backward). Carried in
@@ -160,18 +162,20 @@ class DriftMonitor:
         return tf.random.stateless_normal([size, self.projections], seed=[self.seed, index], dtype=tf.float64)
 
     def _project(self, h, index):
+        h = carry.whole(h)
         flat = tf.reshape(tf.cast(h, tf.float64), [tf.shape(h)[0], -1])
         return tf.matmul(flat, self._directions(h.shape[1:], index))
 
     def fingerprint(self, h, index, checked):
         """``[batch, projections + 1]``: block ``index``'s input projected, and its norm."""
-        def compute():
-            flat = tf.reshape(tf.cast(h, tf.float64), [tf.shape(h)[0], -1])
-            return tf.concat([self._project(h, index), tf.norm(flat, axis=1, keepdims=True)], axis=1)
+        def compute():  # joins a pair of halves here, on checked steps only
+            whole = carry.whole(h)
+            flat = tf.reshape(tf.cast(whole, tf.float64), [tf.shape(whole)[0], -1])
+            return tf.concat([self._project(whole, index), tf.norm(flat, axis=1, keepdims=True)], axis=1)
 
         if isinstance(checked, bool):
             return compute() if checked else None
-        return tf.cond(checked, compute, lambda: tf.zeros([tf.shape(h)[0], self.projections + 1], tf.float64))
+        return tf.cond(checked, compute, lambda: tf.zeros([tf.shape(tf.nest.flatten(h)[0])[0], self.projections + 1], tf.float64))
 
     def compare(self, rebuilt, gradient, fingerprint, index, checked):
         """``(relative drift, not finite)`` of block ``index``'s rebuilt input, as scalar tensors."""

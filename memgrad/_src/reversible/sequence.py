@@ -12,6 +12,7 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.recompute import gate
 from memgrad._src.replay import ReplayScope, snapshot
+from memgrad._src.reversible import carry
 from memgrad._src.reversible.base import ReversibleBlock, add_gradients, forward_output, layer_name
 from memgrad._src.reversible.monitor import DriftMonitor
 from memgrad._src.reversible.replay_check import check_replayable
@@ -62,9 +63,13 @@ class ReversibleSequence(keras.layers.Layer):
         block accepts it (memgrad's blocks do; tfp bijectors and custom blocks without
         ``accepts_invertible_dtype = True`` keep the compute dtype). Rounding in the
         inverse then stays far below the networks' own precision: 64 additive blocks of
-        convolutions match plain autodiff exactly instead of 7.5e-5 off. The cost is the
-        carried activations' width (one float64 copy of the block input and output in
-        flight, not growing with depth). Pass the compute dtype to turn it off.
+        convolutions match plain autodiff to 4.1e-7 instead of 7.7e-5. Only the activations
+        are wide: their gradients travel in the compute dtype (at least float32), and
+        consecutive couplings pass their channel halves on without joining them. The cost
+        is the width of the activations in flight, not growing with depth: the stack's
+        output kept in float64 and the rebuilt block's halves (measured: 33 MiB against
+        29 MiB with a float32 carry, for a 4 MiB float64 stack activation). Pass the
+        compute dtype to turn it off.
       drift_monitor: a `DriftMonitor` (or ``True`` for ``DriftMonitor()``, one step in 100)
         that measures every block's reconstruction drift on some training steps, reports
         it per block and warns on NaN/inf or drift above its tolerance; ``None``: off.
@@ -356,21 +361,29 @@ class ReversibleSequence(keras.layers.Layer):
                     if checked is not False:
                         fingerprints.append(monitor.fingerprint(h, index, checked))
                     if block_inputs is not None:
-                        block_inputs.append(tf.TensorSpec(h.shape, h.dtype))
+                        block_inputs.append(carry.carried_spec(h))
                     replay_states.append(snapshot(block.replayed_state()))
-                    h, block_logdet, saved = block.forward_and_save(h, training=training)
+                    h, block_logdet, saved = carry.forward(block, h, training)
                     saved_for_backward.append(saved)
                     logdet = logdet + tf.cast(block_logdet, logdet.dtype)
-            output = h  # kept in the invertible dtype: the backward pass starts from it
+            output = h  # kept in the invertible dtype (as halves after a coupling): the backward pass starts from it
             kept_input = stack_input if sequence.check_reconstruction else None
+            outer_dtype = stack_input.dtype
+            # Activations' gradients travel in a dtype of their own (float32 around float64
+            # activations): only rebuilding the inputs needs the wide one.
+            grad_dtype = carry.gradient_dtype(sequence.invertible_dtype, outer_dtype)
 
             def grad_fn(d_output, d_logdet=None, variables=None):
                 variables = list(variables or [])
-                d_h = tf.zeros_like(output) if d_output is None else tf.cast(d_output, output.dtype)
+                if d_output is None:
+                    d_h = tf.nest.map_structure(lambda t: tf.zeros(tf.shape(t), grad_dtype), output)
+                else:
+                    d_h = tf.cast(d_output, grad_dtype)
+                    d_h = carry.halves(d_h) if carry.is_pair(output) else d_h
                 d_logdet = tf.zeros_like(logdet) if d_logdet is None else tf.cast(d_logdet, logdet.dtype)
                 variable_grads = [None] * len(variables)
                 sources = sources_per_block(blocks, variables)
-                h, done = output, [d_h]
+                h, done = output, tf.nest.flatten(d_h)
                 drifts, nonfinite = [], []
                 for index in reversed(range(len(blocks))):
                     block, state, saved, indices = (blocks[index], replay_states[index],
@@ -378,30 +391,36 @@ class ReversibleSequence(keras.layers.Layer):
                     # The block's reconstruction and backprop wait for the previous block's
                     # input and weight gradients (data dependency on the first): without it,
                     # reconstructions would run right after the forward pass and weight
-                    # gradients be put off to the end, and memory would grow with depth.
-                    h = gate(h, done)
+                    # gradients be put off to the end, and memory would grow with depth. The
+                    # incoming gradient waits too: a half of it that is ready early (an affine
+                    # coupling's dx2) would otherwise start this block's backprop (dy2 times a
+                    # network's weights, a hidden-sized product) and hold it.
+                    h, d_h = gate((h, d_h), done)
                     # Only blocks that saved something take `saved`: custom blocks may override
                     # backward with the original signature.
                     extra = {} if saved is None else {"saved": saved}
                     # Replays the forward's seeds and statistics; discards any assignment.
+                    block_variables = [variables[i] for i in indices]
+                    carried, h, d_h = [h, d_h], None, None  # eagerly, the block releases what it has used
                     with ReplayScope(state):
-                        h, d_h, grads = block.backward(
-                            h, d_h, d_logdet, [variables[i] for i in indices], training=training, **extra)
-                    done = [d_h] + [g for g in grads if g is not None]
+                        h, d_h, grads = carry.backward(block, carried, d_logdet, block_variables,
+                                                       training, extra)
+                    done = list(tf.nest.flatten(d_h)) + [g for g in grads if g is not None]
                     for i, grad in zip(indices, grads):
                         variable_grads[i] = add_gradients([variable_grads[i]], [grad])[0]
                     if checked is not False:
                         drift, bad = monitor.compare(h, d_h, fingerprints[index], index, checked)
                         drifts.insert(0, drift)
                         nonfinite.insert(0, bad)
+                h, d_h = carry.whole(h), carry.whole(d_h)
                 if checked is not False:
                     d_h = monitor.report(drifts, nonfinite, h.dtype, d_h, checked)
                 if kept_input is not None:
                     d_h = sequence._report_drift(h, tf.cast(kept_input, h.dtype), d_h)
-                return tf.cast(d_h, stack_input.dtype), variable_grads
+                return tf.cast(d_h, outer_dtype), variable_grads
 
-            outer_dtype = stack_input.dtype
-            return (tf.cast(output, outer_dtype), tf.cast(logdet, outer_dtype)), grad_fn
+            # Cast before joining: the joined output is made in the outer dtype only.
+            return (carry.whole(carry.cast(output, outer_dtype)), tf.cast(logdet, outer_dtype)), grad_fn
 
         outputs = reversible_stack(x)
         if block_inputs is not None:
