@@ -44,8 +44,8 @@ CPU_FIGURES = {
     "profiler/categories": "sum 24.0 of 24.0 MiB, weights 6.01 of 6.01 MiB",
     "gpt2/memory": "0.33x (86.8 of 266.0 MiB), time 1.01x",
     "gpt2/budget": "0.94x of its budget (149.9 of 159.8 MiB), time 0.98x",
-    "reversible/eager": "1.00x (30.1 -> 30.1 MiB; allocator 34.0 -> 36.2-39.9 MiB; training step 38.7 -> 50.3-51.1 MiB)",
-    "reversible/graph": "1.00x (18.0 -> 18.0 MiB; allocator 22.2 -> 20.7 MiB; training step 21.6 -> 22.7 MiB)",
+    "reversible/eager": "1.00x (27.1 -> 27.1 MiB; allocator 31.9 -> 35.5 MiB; training step 36.4 -> 49.7 MiB)",
+    "reversible/graph": "1.00x (18.0 -> 18.0 MiB; allocator 19.8 -> 21.7 MiB; training step 23.1 -> 21.8 MiB)",
     "lstm/memory": "0.27x (21.3 of 78.5 MiB), time 2.02x, 2 of 2 loops segmented",
 }
 CHECKS = ("profiler", "gpt2", "reversible", "lstm")

@@ -47,7 +47,8 @@ class MemoryWindow:
       held_bytes: ``end_bytes - baseline_bytes``: what the block left allocated.
 
     Example:
-      >>> import tensorflow as tf, memgrad
+      >>> import gc, tensorflow as tf, memgrad
+      >>> _ = gc.collect()  # earlier garbage freed inside the window would offset what it holds
       >>> with memgrad.profiler.MemoryWindow("CPU:0") as window:
       ...     y = tf.ones([1024, 256])
       >>> window.held_bytes >= 1024 * 256 * 4
