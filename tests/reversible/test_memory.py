@@ -22,6 +22,8 @@ pytestmark = pytest.mark.memory
 DEEP = 32  # blocks, against 8
 HIDDEN_ACTIVATION_BYTES = BATCH * 2 * WIDTH * 4  # one hidden layer output of f or g: 4 MiB
 HALF_ACTIVATION_FLOAT64_BYTES = BATCH * WIDTH // 2 * 8  # one half of a block's input, carried: 2 MiB
+# Two networks per block, Dense(WIDTH/2 -> 2 WIDTH) -> Dense(2 WIDTH -> WIDTH/2), float32: 258.5 KiB.
+WEIGHT_GRADIENT_BYTES_PER_BLOCK = 2 * 4 * ((WIDTH // 2 + 1) * 2 * WIDTH + (2 * WIDTH + 1) * WIDTH // 2)
 # oneDNN's allocator keeps the statistics (TensorFlow enables it by default only on CPUs with
 # AVX-512); BFC is turned off explicitly, since importing memgrad asks for it when the variable
 # is unset (the probe then read BFC's slack: 58-66 vs 70-84 MiB at 8 vs 64 blocks).
@@ -56,17 +58,22 @@ def test_eager_reversible_peak_at_32_blocks_is_within_115_percent_of_8(peaks, ki
 
 @pytest.mark.parametrize("kind", ["additive", "affine"])
 def test_graph_reversible_peak_does_not_grow_with_depth(peaks, kind):
-    """In a graph the peak depends on the schedule the executor picks. With two inter-op threads
-    it moved by one to two hidden activations between processes (8 blocks 21-26 MiB, 64 blocks
-    27-31 MiB); the probe runs one inter-op thread, where 8 and 64 blocks measured 25-26 and
-    26 MiB in four processes. Asserted: the growth from 8 to 32 blocks stays within two hidden
-    activations and 1.15x, where plain backprop grows by 24 blocks' worth (at least 21 hidden
-    activations, the rate of 50 per 56 blocks asserted at 64 blocks; measured 75 and 79).
+    """A training step in a graph: its weights' gradients wait for the update, and how many of
+    them are alive at the peak depends on the schedule the executor picks (up to 6.1 MiB more
+    at 32 blocks than at 8); the activations' part must not grow. Additive, from 8 to 32
+    blocks: 22.0 -> 24.0 MiB in five of six fresh processes (one inter-op thread, two
+    processes at a time), 22.0 -> 28.0 in the sixth, where the bound of 1.15x this test had
+    failed: a ratio of the shallow peak is no bound when a fixed 6.1 MiB may be added to a
+    base of 22-25 MiB. Asserted: the growth stays within the weights' gradients plus one
+    hidden activation, where plain backprop grows by at least 21 hidden activations
+    (measured 72; the rate of 50 per 56 blocks asserted at 64 blocks).
     """
     shallow, deep = peaks[f"{kind}/graph/reversible/8"], peaks[f"{kind}/graph/reversible/{DEEP}"]
     plain_growth = peaks[f"{kind}/graph/plain/{DEEP}"] - peaks[f"{kind}/graph/plain/8"]
-    assert deep - shallow <= 2 * HIDDEN_ACTIVATION_BYTES, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
-    assert deep <= 1.15 * shallow, f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB"
+    weights_growth = (DEEP - 8) * WEIGHT_GRADIENT_BYTES_PER_BLOCK
+    assert shallow > 0
+    assert deep - shallow <= weights_growth + HIDDEN_ACTIVATION_BYTES, (
+        f"{shallow / 2**20:.1f} -> {deep / 2**20:.1f} MiB; the weights' gradients add {weights_growth / 2**20:.1f}")
     assert plain_growth >= 21 * HIDDEN_ACTIVATION_BYTES
 
 
