@@ -27,15 +27,30 @@ def test_replay_lists_what_was_alive_at_the_highest_usage():
     assert [t.op for t in top1.tensors] == ["b"] and top1.other_bytes == 100
 
 
-def test_the_requested_peak_leaves_out_the_allocators_fitting_and_buffers_from_before():
+def test_the_requested_peak_leaves_out_the_allocators_fitting():
     # The allocator gave 512 B for a 300-B request (its usage, not the request, says so); a
-    # buffer from before the call (address 9) released during it subtracts nothing.
+    # buffer from before the call (address 9) released during it is credited at its size.
     events = [_alloc(1, 612, 100, "a"), _alloc(2, 1124, 300, "b"), _free(9, 900, 224),
-              _free(1, 800, 100), _alloc(3, 1000, 250, "c"), _free(2, 488)]
-    assert requested_peak(events) == 550 and replay(events, k=1).requested_peak_bytes == 550
-    assert replay(events, k=1).peak_bytes == 1124
+              _free(1, 800, 100), _alloc(3, 1000, 250, "c"), _free(2, 488), _alloc(4, 1200, 300, "d")]
+    # a + b = 400; then 400 - 224 - 100 + 250 = 326, less b (300), plus d: 326.
+    assert requested_peak(events) == 400 and replay(events, k=1).requested_peak_bytes == 400
+    assert replay(events, k=1).peak_bytes == 1200
     # An address allocated again without its release recorded counts its new size only.
     assert requested_peak([_alloc(1, 100, 100, "a"), _alloc(1, 200, 40, "b"), _alloc(2, 300, 30, "c")]) == 100
+
+
+def test_the_requested_peak_counts_a_variable_whose_storage_moves_once():
+    # Keras's assign_sub writes the new value to a new buffer and frees the old storage (from
+    # before the step): three weights of 400 B updated one after another, then a 500-B
+    # gradient. Only the gradient is above the baseline at the end.
+    events = []
+    for weight in range(3):
+        events += [_alloc(20 + weight, 0, 400, f"sgd/sub_{weight}"), _free(10 + weight, 0, 400)]
+    events += [_alloc(2, 0, 500, "gradient"), _free(2, 0, 500)]
+    assert requested_peak(events) == 500
+    # As the allocator's usage does, a call that releases more from before than it makes
+    # stays at or below its baseline: nothing above it.
+    assert requested_peak([_free(9, 0, 400), _alloc(1, 0, 100, "a"), _alloc(2, 0, 200, "b")]) == 0
 
 
 def test_a_variable_whose_storage_moves_during_the_step_is_counted_once():
