@@ -4,8 +4,9 @@ strategies choose them (`memgrad._src.checkpointing.strategies` holds the strate
 - `memory_plan`: separators spaced by bytes. For each number of segments k it places k - 1
   cuts near equal shares of the activation bytes, each at the cheapest cut in its window
   (a single-tensor separator when there is one, else the smallest set of live tensors), and
-  keeps the k whose estimated peak (kept bytes plus the largest segment) is least. On a
-  uniform chain of n layers that is about sqrt(n) checkpoints.
+  keeps the k whose estimated peak (kept bytes plus the largest segment) is least; then
+  each cut moves between its neighbours to where that estimate is least (`improve_cuts`).
+  On a uniform chain of n layers that is about sqrt(n) checkpoints.
 - `speed_plan`: the inputs and outputs of expensive ops (matrix products, convolutions,
   einsum), so only cheap ops are recomputed.
 - `collection_plan`: the tensors marked with `memgrad.mark_checkpoint(t)` or the `Checkpoint`
@@ -37,6 +38,12 @@ SPEED_REGION_MIN_RATIO = 1.5
 # At most this many cheap ops are re-run to recompute a region's end (`_drop_region_ends`):
 # an exact GELU is 8, a tanh one 10.
 REGION_END_OPS = 32
+# Passes of `improve_cuts` over the 'memory' plan's cuts (each moves every cut at most once),
+# and the least share of the estimate a move must save. Positions a sliver apart under the
+# model are a tie in practice: ResNet50's cut moved from a block's ReLU to the sum before it
+# (0.1% less, modelled) and measured 3% more, the ReLU then re-run beside its checkpoint.
+IMPROVE_SWEEPS = 4
+IMPROVE_MIN_GAIN = 0.005
 
 
 @dataclasses.dataclass
@@ -158,7 +165,69 @@ def memory_cuts(profile):
             estimate, _ = _plan_estimate(profile, cuts)
             if estimate < best[0] * 0.999:
                 best = (estimate, cuts)
+    if best[1]:
+        cuts = improve_cuts(profile, best[1])
+        estimate, _ = _plan_estimate(profile, cuts)
+        if estimate < best[0]:
+            best = (estimate, cuts)
     return best
+
+
+def improve_cuts(profile, cuts, sweeps=IMPROVE_SWEEPS):
+    """Moves each cut, one at a time, to the position between its neighbours where the
+    estimate (kept bytes plus the largest segment) is least, until no move lowers it by
+    `IMPROVE_MIN_GAIN` (0.5%) of the estimate.
+
+    A cut placed near an equal share of the bytes may sit where a wide tensor is alive (a
+    transformer's MLP expansion, 4x the residual stream) while a narrow cut lies just outside
+    its window. Moving cut j between its neighbours a < j < b changes only the tensors that
+    cross it and neither neighbour (born after a, dead by b) and the two segments beside it;
+    every other kept tensor and segment stays. So each sweep is linear in the tensors and
+    positions, and the estimate never rises.
+
+    Args:
+      profile: a `CutProfile`.
+      cuts: sorted cut positions (`cuts_for`'s).
+      sweeps: at most this many passes over the cuts.
+
+    Returns:
+      Sorted cut positions whose estimate is at most that of ``cuts``.
+    """
+    n = len(profile.ops)
+    cuts = sorted(cuts)
+    births, deaths, sizes, produced = profile.births, profile.deaths, profile.sizes, profile.produced
+    total = float(produced[-1])
+    for _ in range(sweeps):
+        moved = False
+        least_gain = IMPROVE_MIN_GAIN * _plan_estimate(profile, cuts)[0]
+        for j in range(len(cuts)):
+            lo = cuts[j - 1] if j > 0 else -1
+            hi = cuts[j + 1] if j + 1 < len(cuts) else n
+            if min(hi, n - 1) - lo < 2:  # no other position (a last cut stays before the last op)
+                continue
+            start = float(produced[lo]) if lo >= 0 else 0.0
+            end = float(produced[hi]) if hi < n else total
+            bounds = [0.0] + [float(produced[c]) for c in cuts] + [total]
+            segments = np.diff(bounds)  # segment i lies between bounds i and i + 1
+            rest = float(max(np.delete(segments, [j, j + 1]), default=0.0))
+            # Bytes kept by a cut at p and by no neighbour: tensors born after lo, dead by hi.
+            inside = (births > lo) & (deaths <= hi) & (births < hi)
+            delta = np.zeros(hi - lo + 1)
+            np.add.at(delta, births[inside] - lo, sizes[inside])
+            np.add.at(delta, deaths[inside] - lo, -sizes[inside])
+            last = min(hi, n - 1)  # positions lo+1 .. last-1
+            alone = np.cumsum(delta)[1:last - lo]
+            positions = np.arange(lo + 1, last)
+            segment = np.maximum(produced[positions] - start, end - produced[positions])
+            cost = alone + np.maximum(segment, rest)
+            best = int(positions[int(np.argmin(cost))])
+            current = cost[cuts[j] - lo - 1]
+            if best != cuts[j] and cost[best - lo - 1] < current - least_gain:
+                cuts[j] = best
+                moved = True
+        if not moved:
+            break
+    return cuts
 
 
 def memory_plan(view):
