@@ -56,8 +56,45 @@ def _check_layer(block, net, role):
         )
 
 
+class _Coupling(ReversibleBlock):
+    """A block on two channel halves. A `ReversibleSequence` hands consecutive couplings their
+    halves as they are (`forward_halves`, `backward_halves`), joining them only for a block
+    that takes a whole tensor; `forward` and `backward` split, call those and join."""
+
+    accepts_invertible_dtype = True
+    takes_halves = True  # a ReversibleSequence passes consecutive couplings the halves as they are
+
+    def forward_halves(self, x1, x2, training=None):  # pragma: no cover - each coupling's own
+        """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
+        raise NotImplementedError
+
+    def backward_halves(self, y, dy, dlogdet, variables, training=None):
+        """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
+
+        Args:
+          y: ``[y1, y2]``, the output's channel halves, as a list the block empties (eagerly,
+            each half is then released as soon as the block no longer needs it).
+          dy: ``[dy1, dy2]``, their gradients, likewise; they may be of a narrower dtype than
+            ``y`` (float32 gradients of float64 activations), which the returned ones keep.
+          dlogdet, variables, training: as for `backward`.
+
+        Returns:
+          ``([x1, x2], [dx1, dx2], variable_gradients)``.
+        """
+        raise NotImplementedError  # pragma: no cover - each coupling's own
+
+    def forward(self, x, training=None):
+        y1, y2, logdet = self.forward_halves(*split_channels(x), training=training)
+        return tf.concat([y1, y2], axis=-1), logdet
+
+    def backward(self, y, dy, dlogdet, variables, training=None):
+        x, dx, grads = self.backward_halves(list(split_channels(y)), list(split_channels(dy)),
+                                            dlogdet, variables, training)
+        return tf.concat(list(x), axis=-1), tf.concat(list(dx), axis=-1), grads
+
+
 @keras.saving.register_keras_serializable(package="memgrad")
-class AdditiveCoupling(ReversibleBlock):
+class AdditiveCoupling(_Coupling):
     """RevNet's additive coupling block (Gomez et al. 2017).
 
     With the channels split in halves ``x = [x1, x2]``::
@@ -82,9 +119,6 @@ class AdditiveCoupling(ReversibleBlock):
       TensorShape([2, 16])
     """
 
-    accepts_invertible_dtype = True
-    takes_halves = True  # a ReversibleSequence passes consecutive couplings the halves as they are
-
     def __init__(self, f, g, **kwargs):
         super().__init__(**kwargs)
         _check_layer(self, f, "f")
@@ -99,14 +133,9 @@ class AdditiveCoupling(ReversibleBlock):
         super().build(input_shape)
 
     def forward_halves(self, x1, x2, training=None):
-        """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
         y1 = x1 + run_network(self.f, x2, training)
         y2 = x2 + run_network(self.g, y1, training)
         return y1, y2, tf.zeros(tf.shape(x1)[:1], dtype=x1.dtype)
-
-    def forward(self, x, training=None):
-        y1, y2, logdet = self.forward_halves(*split_channels(x), training=training)
-        return tf.concat([y1, y2], axis=-1), logdet
 
     def inverse(self, y, training=None):
         y1, y2 = split_channels(y)
@@ -115,18 +144,6 @@ class AdditiveCoupling(ReversibleBlock):
         return tf.concat([x1, x2], axis=-1)
 
     def backward_halves(self, y, dy, dlogdet, variables, training=None):
-        """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
-
-        Args:
-          y: ``[y1, y2]``, the output's channel halves, as a list the block empties (eagerly,
-            each half is then released as soon as the block no longer needs it).
-          dy: ``[dy1, dy2]``, their gradients, likewise; they may be of a narrower dtype than
-            ``y`` (float32 gradients of float64 activations), which the returned ones keep.
-          dlogdet, variables, training: as for `backward`.
-
-        Returns:
-          ``([x1, x2], [dx1, dx2], variable_gradients)``.
-        """
         (y1, y2), (dy1, dy2) = take(y), take(dy)
         g_y1, g_grads = network_vjp(self.g, y1, dy2, variables, training)
         x2 = y2 - g_y1
@@ -138,11 +155,6 @@ class AdditiveCoupling(ReversibleBlock):
         f_x2, f_grads = network_vjp(self.f, gate(x2, [dz1]), dz1, variables, training)
         x1 = y1 - f_x2
         return [x1, x2], [dz1, dy2 + f_grads[0]], add_gradients(g_grads[1:], f_grads[1:])
-
-    def backward(self, y, dy, dlogdet, variables, training=None):
-        x, dx, grads = self.backward_halves(list(split_channels(y)), list(split_channels(dy)),
-                                            dlogdet, variables, training)
-        return tf.concat(list(x), axis=-1), tf.concat(list(dx), axis=-1), grads
 
     def get_config(self):
         config = super().get_config()
@@ -164,7 +176,7 @@ _SCALES = ("exp", "sigmoid")
 
 
 @keras.saving.register_keras_serializable(package="memgrad")
-class AffineCoupling(ReversibleBlock):
+class AffineCoupling(_Coupling):
     """Glow/RealNVP affine coupling with the fused backward of Li & Grathwohl (2019).
 
     With the channels split in halves ``x = [x1, x2]``::
@@ -219,9 +231,6 @@ class AffineCoupling(ReversibleBlock):
         self.scale = scale
         self.fused_backward = bool(fused_backward)
 
-    accepts_invertible_dtype = True
-    takes_halves = True
-
     def build(self, input_shape):
         half = _half_shape(self, input_shape)
         if self.network is not None:
@@ -256,13 +265,8 @@ class AffineCoupling(ReversibleBlock):
         return tf.cast(log_s, x1.dtype), tf.cast(shift, x1.dtype)
 
     def forward_halves(self, x1, x2, training=None):
-        """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
         log_s, shift = self._wide_log_scale_and_shift(x1, training)
         return x1, x2 * tf.exp(log_s) + shift, per_example_sum(log_s)
-
-    def forward(self, x, training=None):
-        y1, y2, logdet = self.forward_halves(*split_channels(x), training=training)
-        return tf.concat([y1, y2], axis=-1), logdet
 
     def inverse(self, y, training=None):
         y1, y2 = split_channels(y)
@@ -270,18 +274,6 @@ class AffineCoupling(ReversibleBlock):
         return tf.concat([y1, (y2 - shift) * tf.exp(-log_s)], axis=-1)
 
     def backward_halves(self, y, dy, dlogdet, variables, training=None):
-        """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
-
-        Args:
-          y: ``[y1, y2]``, the output's channel halves, as a list the block empties (eagerly,
-            each half is then released as soon as the block no longer needs it).
-          dy: ``[dy1, dy2]``, their gradients, likewise; they may be of a narrower dtype than
-            ``y`` (float32 gradients of float64 activations), which the returned ones keep.
-          dlogdet, variables, training: as for `backward`.
-
-        Returns:
-          ``([x1, x2], [dx1, dx2], variable_gradients)``.
-        """
         (y1, y2), (dy1, dy2) = take(y), take(dy)
         if not self.fused_backward:
             x, dx, grads = ReversibleBlock.backward(
@@ -311,11 +303,6 @@ class AffineCoupling(ReversibleBlock):
         del dlog_s, narrow
         dx1 = dy1 if grads[0] is None else dy1 + tf.cast(grads[0], dy1.dtype)
         return [y1, x2], [dx1, dx2], grads[1:]
-
-    def backward(self, y, dy, dlogdet, variables, training=None):
-        x, dx, grads = self.backward_halves(list(split_channels(y)), list(split_channels(dy)),
-                                            dlogdet, variables, training)
-        return tf.concat(list(x), axis=-1), tf.concat(list(dx), axis=-1), grads
 
     def get_config(self):
         config = super().get_config()
