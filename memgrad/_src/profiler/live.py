@@ -72,10 +72,11 @@ class PeakTensors:
         counted at its requested size (the call's own buffers alive, less the buffers from
         before the call it released by then, such as a variable's old storage), without
         what the allocator adds: its rounding, and the free chunk it hands out whole when
-        that chunk is less than twice the request (BFC). That chunk depends on what was freed before, so the allocator's
-        peak moves from call to call even in the same order of ops (a two-block GPT-2
-        step, one inter-op thread: 4.60-5.19 MiB over ninety calls in eighteen processes,
-        4.58 requested in every one); this figure does not.
+        that chunk is less than twice the request (BFC). That chunk depends on what was
+        freed before, so the allocator's peak moves from call to call even in the same
+        order of ops (a two-block GPT-2 step, one inter-op thread: 4.60-5.19 MiB over
+        ninety calls in eighteen processes, 4.58 requested in every one); this figure
+        does not.
     """
 
     peak_bytes: int

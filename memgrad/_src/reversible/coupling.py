@@ -64,9 +64,9 @@ class _Coupling(ReversibleBlock):
     accepts_invertible_dtype = True
     takes_halves = True  # a ReversibleSequence passes consecutive couplings the halves as they are
 
-    def forward_halves(self, x1, x2, training=None):  # pragma: no cover - each coupling's own
+    def forward_halves(self, x1, x2, training=None):
         """`forward` on the input's two channel halves: ``(y1, y2, logdet)``."""
-        raise NotImplementedError
+        raise NotImplementedError  # pragma: no cover - each coupling's own
 
     def backward_halves(self, y, dy, dlogdet, variables, training=None):
         """`backward` on channel halves: ``([x1, x2], [dx1, dx2], variable_gradients)``.
