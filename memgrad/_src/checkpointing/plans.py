@@ -147,8 +147,9 @@ def cuts_for(profile, segments):
 
 
 def memory_cuts(profile):
-    """The 'memory' strategy's cut positions on a `cut_profile`: separators spaced by bytes,
-    with the number of segments that minimises the estimate.
+    """The 'memory' strategy's cut positions on a `cut_profile`: cuts near equal shares of
+    the bytes, with the number of segments that minimises the estimate, then moved by
+    `improve_cuts`.
 
     Returns:
       `(estimate, cuts)`; `cuts` is empty when no plan beats keeping everything.
@@ -231,7 +232,9 @@ def improve_cuts(profile, cuts, sweeps=IMPROVE_SWEEPS):
 
 
 def memory_plan(view):
-    """Separators spaced by bytes, with the number of segments that minimises the estimate.
+    """The 'memory' plan: cuts near equal shares of the bytes (`cuts_for`), with the number
+    of segments that minimises the estimate, each then moved between its neighbours to where
+    the estimate is least (`improve_cuts`).
 
     Args:
       view: a `memgrad._src.graph.ForwardGraph`.

@@ -95,7 +95,13 @@ def is_built_in(strategy):
 
 
 class Memory(Strategy):
-    """Least memory: separators spaced by bytes, about sqrt(n) checkpoints on a chain of n.
+    """Least memory: about sqrt(n) checkpoints on a chain of n, placed where the fewest
+    bytes are alive.
+
+    For each number of segments, the cuts start near equal shares of the activation bytes,
+    each at the cheapest cut in its window (a single-tensor separator when there is one);
+    the number whose estimate (kept bytes plus the largest segment) is least wins, and then
+    each cut moves between its neighbours to where that estimate is least (`memory_plan`).
 
     Caveats: stateful ops (random ops without a seed) are never re-run: their outputs are
     kept. Under XLA (``jit_compile=True``) the saving holds: recomputation is gated on its
