@@ -272,3 +272,21 @@ def test_variant_gradient_parts_are_summed_with_the_bare_ones_first():
     for summed in sums(x):
         np.testing.assert_array_equal(summed.numpy(), 7.0 * x.numpy())
     assert found == {"has": [True, True, False], "bare at": [True, False, False]}
+
+
+def test_ops_since_a_mark_are_exactly_the_ops_made_after_it():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.constant(1.0)
+        mark = tf_internals.op_mark(graph)
+        b = a + 1.0
+        c = b * 2.0
+        made = {op for op in graph.get_operations() if tf_internals.op_id(op) > mark[0]}
+        assert made >= {b.op, c.op}
+        assert tf_internals.ops_since(graph, mark) == made
+        # A mark whose count is off (as if ids had a gap) takes the full scan: same ops.
+        assert tf_internals.ops_since(graph, (mark[0], mark[1] - 3)) == made
+        later = tf_internals.op_mark(graph, mark)
+        assert later == tf_internals.op_mark(graph)
+        d = c - 1.0  # a Sub and its constant
+        assert tf_internals.ops_since(graph, later) == {d.op, d.op.inputs[1].op}

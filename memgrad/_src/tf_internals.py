@@ -153,11 +153,12 @@ copy_handle_data = _private("tensorflow.python.ops.handle_data_util", "copy_hand
 # A process-wide counter: names of functions added to a graph's library must be unique across
 # every graph the process traces (the eager context holds them all).
 unique_id = _private("tensorflow.python.framework.ops", "uid")
-# Operation's own editing methods (what _WhileGrad uses to add outputs to a forward loop) and
+# Operation's own editing methods (what _WhileGrad uses to add outputs to a forward loop, and
+# the control edges `memgrad._src.checkpointing.order` adds) and
 # its per-op gradient override, the instance attribute `_gradient_function`, which
 # get_gradient_function reads first (checked on an op by tests/test_tf_internals.py).
 for _name in ("_set_func_attr", "_set_type_list_attr", "_set_shape_list_attr",
-              "_add_while_inputs", "_add_outputs"):
+              "_add_while_inputs", "_add_outputs", "_add_control_inputs", "_control_outputs"):
     _private_member(tf.Operation, _name, "tf.Operation")
 
 
@@ -341,6 +342,41 @@ def last_op_id(graph):
 def op_id(op):
     """``op``'s creation number in its graph (see `last_op_id`)."""
     return op._id
+
+
+def op_mark(graph, previous=None):
+    """``(last op id, op count)`` of ``graph``, for `ops_since`. From a ``previous`` mark it
+    reads only the ops made since, not the whole graph (`last_op_id` scans every op)."""
+    if previous is None:
+        return last_op_id(graph), len(graph._nodes_by_id)
+    made = ops_since(graph, previous)
+    return max([previous[0]] + [op_id(op) for op in made]), len(graph._nodes_by_id)
+
+
+def ops_since(graph, mark):
+    """The set of ``graph``'s ops made after `op_mark` gave ``mark``. Ops get consecutive
+    ids as they are made, so these are usually the next ids; where they are not (fewer found
+    than the count grew by), every op is checked."""
+    nodes = graph._nodes_by_id
+    since, added = mark[0], len(nodes) - mark[1]
+    made = set()
+    while len(made) < added:
+        i = since + len(made) + 1
+        if i not in nodes:
+            return {op for i, op in nodes.items() if i > since}
+        made.add(nodes[i])
+    return made
+
+
+def control_outputs(op):
+    """The ops that wait for ``op`` through a control dependency."""
+    return op._control_outputs
+
+
+def add_control_inputs(op, before):
+    """Makes the existing ``op`` wait for the ops ``before`` (graph mode, while the graph is
+    being built): TensorFlow's public API adds control inputs only to ops not yet made."""
+    op._add_control_inputs(before)
 
 
 # Keras: the functional-model class (keras.Model(inputs, outputs) builds one; `convert`

@@ -18,6 +18,8 @@ loss back to the inputs:
    XLA drops control dependencies, so under ``jit_compile=True`` each port also carries a
    data dependency on the incoming gradient (`memgrad._src.recompute.Gate`): the
    recomputation still waits, and, reading new values, is not merged with the forward.
+4. Within each segment, the ops past a layer wait for its weights' gradients
+   (`memgrad._src.checkpointing.order`), so what only those read is freed first.
 
 Ops that cannot be re-run without changing results (stateful ops, ops calling functions,
 custom-gradient ops, resource ops) are never copied: their inputs and outputs become
@@ -38,6 +40,7 @@ from memgrad._src import tf_internals
 from memgrad._src.checkpointing import gradient_walk
 from memgrad._src.checkpointing.aggregate import GradientParts, aggregate, dense, dense_parts
 from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
+from memgrad._src.checkpointing.order import leaves_first
 from memgrad._src.graph.memory_model import gradient_function, inputs_from_outside, reads_only
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
 from memgrad._src.recompute import Gate
@@ -81,13 +84,19 @@ class _Rewrite:
         self.stop = set(self.checkpoints) | {t.ref() for t in view.x_tensors}
         self.order = {op: i for i, op in enumerate(self.graph.get_operations())}
         self._segment_ops = {}  # checkpoint ref -> ops its recomputation copies
+        self._mark = None  # tf_internals.op_mark before the last gradient call
 
-    def gradients_fn(self, *args, **kwargs):
+    def gradients_fn(self, ys, xs, leaves=(), **kwargs):
+        """TensorFlow's gradients of ``ys`` for ``xs``, timed; those of the ``xs`` at positions
+        ``leaves`` (weights, inputs) run before the ops past them (`leaves_first`)."""
         start = time.perf_counter()
+        mark = self._mark = tf_internals.op_mark(self.graph, self._mark)
         try:
-            return self._gradients_fn(*args, **kwargs)
+            grads = self._gradients_fn(ys, xs, **kwargs)
         finally:
             self.gradient_seconds += time.perf_counter() - start
+        leaves_first(self.graph, mark, [grads[i] for i in leaves], self.view.tensor_bytes)
+        return grads
 
     # ------------------------------------------------------------------ checkpoint set
     def _add(self, t):
@@ -153,9 +162,7 @@ class _Rewrite:
                 self._segment_ops[ref], boundary = self._walk([t])
                 preds[ref] = {r for r in boundary if r in self.checkpoints}
             else:
-                preds[ref] = {
-                    i.ref() for i in self._unit_inputs(t.op) if i.ref() in self.checkpoints
-                }
+                preds[ref] = {i.ref() for i in self._unit_inputs(t.op) if i.ref() in self.checkpoints}
             preds[ref].discard(ref)
         order = nx.DiGraph()
         order.add_nodes_from(preds)
@@ -167,11 +174,8 @@ class _Rewrite:
         if not is_differentiable(t.dtype):
             return False
         ref = t.ref()
-        return (
-            ref in self.checkpoints
-            or self.view.x_index(t) is not None
-            or self.view.variable_index_of_read(t) is not None
-        )
+        return (ref in self.checkpoints or self.view.x_index(t) is not None
+                or self.view.variable_index_of_read(t) is not None)
 
     def copy(self, ops, gate):
         graph = self.graph
@@ -206,13 +210,8 @@ class _Rewrite:
                 waits = graph.control_dependencies(extra) if extra else contextlib.nullcontext()
                 with device, waits:
                     new = graph.create_op(
-                        op.type,
-                        inputs,
-                        [o.dtype for o in op.outputs],
-                        name=op.name.split("/")[-1],
-                        attrs=dict(op.node_def.attr),
-                        op_def=op.op_def,
-                    )
+                        op.type, inputs, [o.dtype for o in op.outputs], name=op.name.split("/")[-1],
+                        attrs=dict(op.node_def.attr), op_def=op.op_def)
                 # An enclosing tape (a gradient of this gradient) must see the copy, or
                 # it takes recomputed activations for constants.
                 tf_internals.record_on_tapes(new)
@@ -245,6 +244,9 @@ class _Rewrite:
         if index is None:
             index = self.view.variable_index_of_read(t)
         return None if index is None else self.view.x_tensors[index].ref()
+
+    def _leaf_positions(self, ports):
+        return [i for i, (t, _) in enumerate(ports) if self.x_ref(t) is not None]
 
     def run(self, grad_ys):
         """The rewrite, step by step: the checkpoint set is selected (``__init__``); the
@@ -292,9 +294,8 @@ class _Rewrite:
             return []
         with gradient_walk.stops_at_calls(stops):
             grads = self.gradients_fn(
-                final_ys, stops + list(leaves.values()), grad_ys=final_grads,
-                stop_gradients=stops, **self.kwargs,
-            )
+                final_ys, stops + list(leaves.values()), grad_ys=final_grads, stop_gradients=stops,
+                leaves=range(len(stops), len(stops) + len(leaves)), **self.kwargs)
         self.segments += 1
         for t, grad in zip(stops, grads[: len(stops)]):
             parts.route(t, grad)
@@ -328,15 +329,14 @@ class _Rewrite:
             if outside is not None:
                 ports = [(t, t) for t in outside if self._port_target(t)]
                 grads = self.gradients_fn(
-                    regular, [t for t, _ in ports], grad_ys=grad_ys,
-                    stop_gradients=outside, **self.kwargs)
+                    regular, [t for t, _ in ports], grad_ys=grad_ys, stop_gradients=outside,
+                    leaves=self._leaf_positions(ports), **self.kwargs)
                 self.in_place_segments += 1
             else:
                 mapping, ports = self.copy(ops, self.gate_for(regular, incoming, previous))
                 grads = self.gradients_fn(
-                    [mapping[t.ref()] for t in regular], [port for _, port in ports],
-                    grad_ys=grad_ys, **self.kwargs,
-                )
+                    [mapping[t.ref()] for t in regular], [port for _, port in ports], grad_ys=grad_ys,
+                    leaves=self._leaf_positions(ports), **self.kwargs)
             self.segments += 1
             previous = []
             for (t, _), grad in zip(ports, grads):
