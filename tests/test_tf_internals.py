@@ -284,8 +284,10 @@ def test_ops_since_a_mark_are_exactly_the_ops_made_after_it():
         made = {op for op in graph.get_operations() if tf_internals.op_id(op) > mark[0]}
         assert made >= {b.op, c.op}
         assert tf_internals.ops_since(graph, mark) == made
-        # A mark whose count is off (as if ids had a gap) takes the full scan: same ops.
+        # A mark whose count is off either way (ids with a gap, ops removed) takes the full
+        # scan: the same ops.
         assert tf_internals.ops_since(graph, (mark[0], mark[1] - 3)) == made
+        assert tf_internals.ops_since(graph, (mark[0], mark[1] + 1)) == made
         later = tf_internals.op_mark(graph, mark)
         assert later == tf_internals.op_mark(graph)
         d = c - 1.0  # a Sub and its constant

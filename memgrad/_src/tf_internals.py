@@ -355,17 +355,19 @@ def op_mark(graph, previous=None):
 
 def ops_since(graph, mark):
     """The set of ``graph``'s ops made after `op_mark` gave ``mark``. Ops get consecutive
-    ids as they are made, so these are usually the next ids; where they are not (fewer found
-    than the count grew by), every op is checked."""
+    ids as they are made, so these are usually the next ids; where they are not (a gap
+    before as many ops as the count grew by, or an op after them), every op is checked."""
     nodes = graph._nodes_by_id
     since, added = mark[0], len(nodes) - mark[1]
     made = set()
     while len(made) < added:
         i = since + len(made) + 1
         if i not in nodes:
-            return {op for i, op in nodes.items() if i > since}
+            break
         made.add(nodes[i])
-    return made
+    if len(made) == max(added, 0) and since + len(made) + 1 not in nodes:
+        return made
+    return {op for i, op in nodes.items() if i > since}
 
 
 def control_outputs(op):
