@@ -20,6 +20,7 @@ a value, and none where they would close a cycle. XLA drops control dependencies
 
 import heapq
 
+import networkx as nx
 import tensorflow as tf
 
 from memgrad._src import tf_internals
@@ -48,6 +49,8 @@ def leaves_first(graph, mark, gradients, size):
     Returns:
       The number of control dependencies added.
     """
+    if all(g is None for g in gradients):
+        return 0  # nothing to order (a unit's own calls): skip reading the new ops
     new = tf_internals.ops_since(graph, mark)
     if not new:
         return 0
@@ -137,26 +140,11 @@ def _own_ops(anchor, new):
 
 def _cyclic(new, edges):
     """Would the ops in ``new``, with ``edges`` (consumer -> ops it waits for) added, form a
-    cycle? Kahn's topological sort over their data and control edges."""
-    waits = {op: set() for op in new}
+    cycle? Their data and control edges and ``edges``, checked by networkx."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(new)
     for op in new:
-        for t in op.inputs:
-            if t.op in waits:
-                waits[op].add(t.op)
-        waits[op].update(o for o in op.control_inputs if o in waits)
-        waits[op].update(edges.get(op, ()))
-    users = {op: [] for op in new}
-    for op, before in waits.items():
-        for b in before:
-            users[b].append(op)
-    count = {op: len(before) for op, before in waits.items()}
-    ready = [op for op, n in count.items() if n == 0]
-    done = 0
-    while ready:
-        op = ready.pop()
-        done += 1
-        for user in users[op]:
-            count[user] -= 1
-            if count[user] == 0:
-                ready.append(user)
-    return done < len(new)
+        dag.add_edges_from((t.op, op) for t in op.inputs if t.op in new)
+        dag.add_edges_from((o, op) for o in op.control_inputs if o in new)
+        dag.add_edges_from((o, op) for o in edges.get(op, ()))
+    return not nx.is_directed_acyclic_graph(dag)
