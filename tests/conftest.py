@@ -80,13 +80,16 @@ def mirrored_strategy():
 # at module level:
 #
 #     FRESH_PROCESSES = {key: dict(target="module:function", args=[...], kwargs={...}, env={...},
-#                                  timeout=seconds)}
+#                                  timeout=seconds, expected_s=seconds)}
 #
-# (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process), and its fixtures take
-# `fresh_results`, {key: the target's return value}. The processes of every module with a
-# selected test that takes that fixture start in the background when collection finishes,
-# FRESH_PROCESS_JOBS at a time, and those modules run last: the probes take most of the
-# suite's wall time, and other tests run meanwhile.
+# (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process, and optionally the
+# probe's rough wall time in CI), and its fixtures take `fresh_results`, {key: the target's
+# return value}. The processes of every module with a selected test that takes that fixture
+# start in the background when collection finishes, FRESH_PROCESS_JOBS at a time, the longest
+# expected first (`expected_s`, default 0: then in collection order), and those modules run
+# last: the probes take most of the suite's wall time, and other tests run meanwhile. Longest
+# first keeps a long probe from starting last and running alone at the end of the pass (the
+# memgrad-profile --budget probe once took the last 3 of 16 minutes by itself).
 FRESH_PROCESS_JOBS = 2
 _fresh_pool = None
 _fresh_futures = {}  # module name -> {key: future}
@@ -115,18 +118,20 @@ def _fresh_keys(item):
     return list(marker.args)
 
 
-def _start_fresh_processes(module, keys):
-    """Submits the module's probes among ``keys`` not submitted yet; returns its futures."""
+def _start_fresh_processes(selected):
+    """Submits the probes ``[(module, key), ...]`` not submitted yet, the longest expected
+    first (a stable sort: otherwise in the order given)."""
     global _fresh_pool
     if _fresh_pool is None:
         from memgrad._src.profiler.fresh import FreshProcessPool
 
         _fresh_pool = FreshProcessPool(max_workers=FRESH_PROCESS_JOBS)
-    futures = _fresh_futures.setdefault(module.__name__, {})
-    for key in keys:
-        if key not in futures:
-            futures[key] = _fresh_pool.submit(**module.FRESH_PROCESSES[key])
-    return futures
+    pending = [(module, key) for module, key in dict.fromkeys(selected)
+               if key not in _fresh_futures.get(module.__name__, {})]
+    pending.sort(key=lambda pair: -pair[0].FRESH_PROCESSES[pair[1]].get("expected_s", 0))
+    for module, key in pending:
+        spec = {k: v for k, v in module.FRESH_PROCESSES[key].items() if k != "expected_s"}
+        _fresh_futures.setdefault(module.__name__, {})[key] = _fresh_pool.submit(**spec)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -140,18 +145,18 @@ def pytest_collection_finish(session):
     module's fixture starts the probes it needs when the first of them runs."""
     if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
-    for item in session.items:
-        if _fresh_processes(item) is not None:
-            _start_fresh_processes(item.module, _fresh_keys(item))
+    _start_fresh_processes([(item.module, key) for item in session.items
+                            if _fresh_processes(item) is not None for key in _fresh_keys(item)])
 
 
 @pytest.fixture(scope="module")
 def fresh_results(request):
     """{key: result} of the module's FRESH_PROCESSES that its selected tests read (waits for
     them; starts them if needed)."""
-    futures = _fresh_futures.get(request.module.__name__) or _start_fresh_processes(
-        request.module, list(request.module.FRESH_PROCESSES))
-    return {key: future.result() for key, future in futures.items()}
+    module = request.module
+    if not _fresh_futures.get(module.__name__):
+        _start_fresh_processes([(module, key) for key in module.FRESH_PROCESSES])
+    return {key: future.result() for key, future in _fresh_futures[module.__name__].items()}
 
 
 def pytest_sessionfinish(session):

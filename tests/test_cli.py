@@ -29,13 +29,15 @@ BUILDER_ARGS = ["--model", "tests.cli_builders:mlp", "--depths", "2", "6", "--ba
 OOM_DIR = os.path.join(_RUNS, "oom")
 OOM_ARGS = ["--width", "64", "--depths", "16", "--batch-sizes", "3000", "--strategies", "plain", "memory",
             "--repeats", "1", "--no-progress", "--plot", ""]
+# expected_s: each probe's wall time in CI's memory pass (the longest start first, conftest.py).
 FRESH_PROCESSES = {
     # A 22 MiB device: plain backprop runs out of memory at batch 3000, checkpointing fits (11 MiB).
     "oom": dict(target="tests.cli_probe:run", args=[OOM_DIR, OOM_ARGS, {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "22"}],
-                timeout=1500),
+                timeout=1500, expected_s=60),
     "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
     "builder": dict(target="tests.cli_probe:run", args=[BUILDER_DIR, BUILDER_ARGS], timeout=1500),
-    "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500),
+    "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500,
+                   expected_s=180),  # 14 capped runs, 8 of them out of memory (10 s wait each)
 }
 
 
