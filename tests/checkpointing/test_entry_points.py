@@ -256,6 +256,26 @@ def test_disable_checkpointing_restores_keras_train_step():
     assert "train_step" not in vars(model)
 
 
+@pytest.mark.parametrize("hooked_first", [True, False], ids=["enable-then-compile",
+                                                             "compile-then-enable"])
+def test_fit_hook_traces_and_rewrites_the_first_step_once(hooked_first):
+    """Adam's slots are built before Keras traces the step: made inside the trace, they
+    would make TensorFlow trace it (and memgrad rewrite it) twice."""
+    keras.utils.set_random_seed(6)
+    model, x, y = residual(depth=4, width=16)
+    if hooked_first:
+        memgrad.enable_checkpointing(model)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn)
+    if not hooked_first:
+        memgrad.enable_checkpointing(model)
+    with memgrad.record_rewrites() as log:
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert len(log) == 1, [entry.mode for entry in log]
+    assert model.optimizer.built
+    memgrad.disable_checkpointing(model)
+    assert "make_train_function" not in vars(model) and "train_step" not in vars(model)
+
+
 def test_fit_hook_twice_replaces_the_strategy():
     model, x, y = residual(depth=4, width=16)
     memgrad.enable_checkpointing(model, checkpoints="memory")

@@ -73,6 +73,28 @@ def _make_train_step(model, checkpoints):
     return train_step
 
 
+def _make_train_function(model):
+    """``model.make_train_function`` that first builds the optimizer's variables, when the
+    model's own exist (a functional or Sequential model, or one already called).
+
+    Keras (TensorFlow backend, no distribution strategy) leaves the optimizer to build while
+    it traces the first step, and TensorFlow traces a function that creates variables on its
+    first call twice, so the rewrite ran twice: ResNet50's first `fit` call took 23.9 s, 10.5
+    s built first (32x32 images, 2-core CPU). Keras builds it the same way before tracing
+    under a distribution strategy."""
+
+    def make_train_function(force=False):
+        optimizer = model.optimizer
+        if (model.train_function is None or force) and model.built and optimizer is not None \
+                and not optimizer.built:
+            with model.distribute_strategy.scope():
+                optimizer.build(model.trainable_variables)
+        return type(model).make_train_function(model, force)
+
+    setattr(make_train_function, _MARK, True)
+    return make_train_function
+
+
 def _own_train_step(model):
     """The train_step this module set on ``model``, or None."""
     step = vars(model).get("train_step")
@@ -89,6 +111,10 @@ def enable_checkpointing(model, checkpoints="memory"):
     precision, applies the checkpointed gradients with ``model.optimizer.apply`` and returns
     ``model.compute_metrics``. It may be called before or after `compile`; calling it again
     replaces the strategy, and `disable_checkpointing` restores Keras's `train_step`.
+    The optimizer's variables are built before the first step is traced (where the model's
+    own exist), so `fit` traces and rewrites the step once, not twice: Keras would create
+    them inside the trace (ResNet50's first `fit` call: 23.9 s -> 10.5 s). Metrics given to
+    `compile` by name still build theirs in the trace; pass metric objects to avoid that.
 
     Works on Sequential, functional and subclassed models that use Keras's own
     `train_step`. A model class that overrides `train_step` is rejected (its step would be
@@ -149,6 +175,7 @@ def enable_checkpointing(model, checkpoints="memory"):
             "memgrad.GradientTape inside it instead."
         )
     model.train_step = _make_train_step(model, checkpoints)
+    model.make_train_function = _make_train_function(model)
     model.train_function = None  # traced again, with the new step
     return model
 
@@ -170,5 +197,7 @@ def disable_checkpointing(model):
         raise TypeError(f"disable_checkpointing expects a keras.Model. Received: {model!r}")
     if _own_train_step(model) is not None:
         del model.train_step
+        if hasattr(vars(model).get("make_train_function"), _MARK):
+            del model.make_train_function
         model.train_function = None
     return model
