@@ -6,7 +6,10 @@ strategies choose them (`memgrad._src.checkpointing.strategies` holds the strate
   (a single-tensor separator when there is one, else the smallest set of live tensors), and
   keeps the k whose estimated peak (kept bytes plus the largest segment) is least; then
   each cut moves between its neighbours to where that estimate is least (`improve_cuts`).
-  On a uniform chain of n layers that is about sqrt(n) checkpoints.
+  Then the least such peak when a segment counts only the bytes its gradients read
+  (`least_cuts.least_cuts`, within 1% of the least any cut positions reach) replaces
+  those cuts where it is at least 0.5% lower. On a uniform chain of n layers that is
+  about sqrt(n) checkpoints.
 - `speed_plan`: the inputs and outputs of expensive ops (matrix products, convolutions,
   einsum), so only cheap ops are recomputed.
 - `collection_plan`: the tensors marked with `memgrad.mark_checkpoint(t)` or the `Checkpoint`
@@ -21,6 +24,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from memgrad._src.checkpointing.least_cuts import least_cuts, plan_estimate, read_profile
 from memgrad._src.graph.memory_model import tensors_read
 from memgrad._src.graph.separators import cut_profile, single_tensor_separators
 from memgrad._src.graph.view import EXPENSIVE_TYPES
@@ -234,7 +238,10 @@ def improve_cuts(profile, cuts, sweeps=IMPROVE_SWEEPS):
 def memory_plan(view):
     """The 'memory' plan: cuts near equal shares of the bytes (`cuts_for`), with the number
     of segments that minimises the estimate, each then moved between its neighbours to where
-    the estimate is least (`improve_cuts`).
+    the estimate is least (`improve_cuts`); replaced by the least estimate when a segment
+    counts only the bytes its gradients read (`least_cuts`), where that is at least
+    `IMPROVE_MIN_GAIN` lower. The plan's ``estimated_bytes`` counts every byte a segment makes
+    (`cut_profile`), as for the other strategies.
 
     Args:
       view: a `memgrad._src.graph.ForwardGraph`.
@@ -247,6 +254,15 @@ def memory_plan(view):
     n = len(profile.ops)
     total = float(profile.produced[-1]) if n else 0.0
     estimate, cuts = memory_cuts(profile)
+    if cuts:
+        # The least peak when a segment counts only what its gradients read (`least_cuts`),
+        # where that beats the spaced cuts by more than a move must save.
+        read = read_profile(view, profile)
+        spaced = plan_estimate(read, cuts)
+        least, least_at = least_cuts(read, upper=spaced)
+        if least_at and least < spaced * (1 - IMPROVE_MIN_GAIN):
+            cuts = least_at
+            estimate, _ = _plan_estimate(profile, cuts)
     chosen = {}
     for c in cuts:
         for t in profile.cut(c):

@@ -101,7 +101,10 @@ class Memory(Strategy):
     For each number of segments, the cuts start near equal shares of the activation bytes,
     each at the cheapest cut in its window (a single-tensor separator when there is one);
     the number whose estimate (kept bytes plus the largest segment) is least wins, and then
-    each cut moves between its neighbours to where that estimate is least (`memory_plan`).
+    each cut moves between its neighbours to where that estimate is least. A search over
+    every set of cut positions (dynamic programming, within 1% of the least) then replaces
+    those cuts where its estimate is lower, a segment counting only the tensors its
+    gradients read, which is what a recomputed segment holds (`memory_plan`).
 
     Caveats: stateful ops (random ops without a seed) are never re-run: their outputs are
     kept. Under XLA (``jit_compile=True``) the saving holds: recomputation is gated on its
