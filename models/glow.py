@@ -264,6 +264,11 @@ class Glow(keras.Model):
             if self.optimizer is not None and not self.optimizer.built:
                 self.optimizer.build(self.trainable_variables)
 
+    def compile_from_config(self, config):
+        """Compiles a loaded model as it was saved, optimizer state included (Keras skips
+        models whose `compile` is their own)."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         loss = tf.reduce_mean(y_pred)
         if self.losses:

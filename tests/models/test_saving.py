@@ -64,3 +64,18 @@ def test_glow_round_trips(tmp_path, reversible):
     np.testing.assert_allclose(loaded.encode(u)[1].numpy(), glow.encode(u)[1].numpy(), rtol=1e-5)
     np.testing.assert_allclose(loaded.sample(3, 0.7, seed=1).numpy(), glow.sample(3, 0.7, seed=1).numpy(),
                                atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_trained_glow_loads_compiled_with_its_optimizers_state(tmp_path):
+    """`Glow.compile` is the model's own, so Keras's loader would skip it (the loaded model
+    had no optimizer); `compile_from_config` compiles it as saved, and the saved optimizer
+    variables load into it."""
+    glow = Glow((8, 8, 1), levels=1, steps=1, hidden=8, seed=4)
+    glow.compile(keras.optimizers.Adam(1e-3))
+    glow.fit(IMAGES, batch_size=2, epochs=1, verbose=0)
+    loaded = round_trip(glow, tmp_path)
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    assert int(loaded.optimizer.iterations.numpy()) == int(glow.optimizer.iterations.numpy()) == 2
+    for mine, theirs in zip(glow.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(theirs.numpy(), mine.numpy())
