@@ -4,7 +4,8 @@ plus the largest segment) is least between its neighbours, and never raises it."
 import numpy as np
 import pytest
 
-from memgrad._src.checkpointing.plans import IMPROVE_MIN_GAIN, _plan_estimate, improve_cuts, memory_cuts
+from memgrad._src.checkpointing.least_cuts import plan_estimate
+from memgrad._src.checkpointing.plans import IMPROVE_MIN_GAIN, improve_cuts, memory_cuts
 from memgrad._src.graph.separators import CutProfile
 
 
@@ -41,9 +42,9 @@ def test_a_cut_where_a_wide_tensor_is_alive_moves_to_the_narrow_one_beside_it():
     profile = _transformer_like()
     wide = 6 * 2 + 2  # after layer 2's expansion: its residual and the 4-unit tensor alive
     cuts = [5, wide, 23]
-    before, _ = _plan_estimate(profile, cuts)
+    before, _ = plan_estimate(profile, cuts)
     improved = improve_cuts(profile, cuts)
-    after, _ = _plan_estimate(profile, improved)
+    after, _ = plan_estimate(profile, improved)
     assert improved[1] != wide
     assert after < before
     assert [float(profile.sizes[t]) for t in profile.cut(improved[1])] == [1.0]  # a residual alone
@@ -65,7 +66,7 @@ def test_the_estimate_never_rises_and_no_single_move_lowers_it_further(seed):
     improved = improve_cuts(profile, cuts, sweeps=50)
     assert improved == sorted(set(improved)) and len(improved) == len(cuts)
     assert 0 <= improved[0] and improved[-1] <= n - 2
-    estimate, start = _plan_estimate(profile, improved)[0], _plan_estimate(profile, cuts)[0]
+    estimate, start = plan_estimate(profile, improved)[0], plan_estimate(profile, cuts)[0]
     assert estimate <= start + 1e-9
     tolerance = IMPROVE_MIN_GAIN * start + 1e-9
     for j in range(len(improved)):
@@ -73,7 +74,7 @@ def test_the_estimate_never_rises_and_no_single_move_lowers_it_further(seed):
         hi = improved[j + 1] if j + 1 < len(improved) else n - 1
         for p in range(lo + 1, hi):
             moved = improved[:j] + [p] + improved[j + 1:]
-            assert _plan_estimate(profile, moved)[0] >= estimate - tolerance, (j, p)
+            assert plan_estimate(profile, moved)[0] >= estimate - tolerance, (j, p)
 
 
 def test_memory_cuts_ends_no_higher_than_its_spacing_alone():
@@ -81,4 +82,4 @@ def test_memory_cuts_ends_no_higher_than_its_spacing_alone():
     estimate, cuts = memory_cuts(profile)
     assert cuts
     assert all(len(profile.cut(c)) == 1 for c in cuts), [profile.cut(c) for c in cuts]
-    assert estimate == _plan_estimate(profile, cuts)[0]
+    assert estimate == plan_estimate(profile, cuts)[0]

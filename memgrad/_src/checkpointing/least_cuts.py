@@ -142,7 +142,7 @@ class _Solver:
                 cuts.append(node - 1)
                 node = int(parent[b, node])
             cuts.reverse()
-            plans.append((plan_estimate(self.profile, cuts), cuts))
+            plans.append((plan_estimate(self.profile, cuts)[0], cuts))
         return least, plans
 
 
@@ -175,13 +175,19 @@ def read_profile(view, profile):
 
 
 def plan_estimate(profile, cuts):
-    """Kept bytes (the tensors alive across any cut) plus the largest segment's bytes."""
+    """The estimated peak of cutting ``profile`` after the positions ``cuts``.
+
+    Returns:
+      ``(estimate, kept)``: the kept bytes (the tensors alive across any cut) plus the
+      largest segment's bytes, and the kept bytes alone.
+    """
     total = float(profile.produced[-1]) if len(profile.produced) else 0.0
     if not len(cuts):
-        return total
+        return total, total
     cuts = np.asarray(sorted(cuts), dtype=np.int64)
     first = np.searchsorted(cuts, profile.births)
     kept_mask = first < len(cuts)
     kept_mask[kept_mask] &= cuts[first[kept_mask]] < profile.deaths[kept_mask]
+    kept = float(profile.sizes[kept_mask].sum())
     bounds = np.concatenate([[0.0], profile.produced[cuts], [total]])
-    return float(profile.sizes[kept_mask].sum()) + float(np.max(np.diff(bounds)))
+    return kept + float(np.max(np.diff(bounds))), kept

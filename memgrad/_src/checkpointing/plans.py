@@ -114,21 +114,6 @@ def absorb_bias(view, tensors):
     return list(moved.values())
 
 
-def _plan_estimate(profile, cuts):
-    """Kept bytes (the union of the cuts' tensors) plus the largest segment's bytes."""
-    total = float(profile.produced[-1]) if len(profile.produced) else 0.0
-    if not len(cuts):
-        return total, total
-    cuts = np.asarray(sorted(cuts), dtype=np.int64)
-    first = np.searchsorted(cuts, profile.births)
-    kept_mask = first < len(cuts)
-    kept_mask[kept_mask] &= cuts[first[kept_mask]] < profile.deaths[kept_mask]
-    kept = float(profile.sizes[kept_mask].sum())
-    bounds = np.concatenate([[0.0], profile.produced[cuts], [total]])
-    largest = float(np.max(np.diff(bounds)))
-    return kept + largest, kept
-
-
 def cuts_for(profile, segments):
     produced, live = profile.produced, profile.live
     n = len(produced)
@@ -167,12 +152,12 @@ def memory_cuts(profile):
             cuts = cuts_for(profile, segments)
             if not cuts:
                 continue
-            estimate, _ = _plan_estimate(profile, cuts)
+            estimate, _ = plan_estimate(profile, cuts)
             if estimate < best[0] * 0.999:
                 best = (estimate, cuts)
     if best[1]:
         cuts = improve_cuts(profile, best[1])
-        estimate, _ = _plan_estimate(profile, cuts)
+        estimate, _ = plan_estimate(profile, cuts)
         if estimate < best[0]:
             best = (estimate, cuts)
     return best
@@ -204,7 +189,7 @@ def improve_cuts(profile, cuts, sweeps=IMPROVE_SWEEPS):
     total = float(produced[-1])
     for _ in range(sweeps):
         moved = False
-        least_gain = IMPROVE_MIN_GAIN * _plan_estimate(profile, cuts)[0]
+        least_gain = IMPROVE_MIN_GAIN * plan_estimate(profile, cuts)[0]
         for j in range(len(cuts)):
             lo = cuts[j - 1] if j > 0 else -1
             hi = cuts[j + 1] if j + 1 < len(cuts) else n
@@ -258,11 +243,11 @@ def memory_plan(view):
         # The least peak when a segment counts only what its gradients read (`least_cuts`),
         # where that beats the spaced cuts by more than a move must save.
         read = read_profile(view, profile)
-        spaced = plan_estimate(read, cuts)
+        spaced, _ = plan_estimate(read, cuts)
         least, least_at = least_cuts(read, upper=spaced)
         if least_at and least < spaced * (1 - IMPROVE_MIN_GAIN):
             cuts = least_at
-            estimate, _ = _plan_estimate(profile, cuts)
+            estimate, _ = plan_estimate(profile, cuts)
     chosen = {}
     for c in cuts:
         for t in profile.cut(c):
@@ -283,7 +268,7 @@ def _plan_from_tensors(view, mode, tensors, absorb=True):
     total = float(profile.produced[-1]) if len(profile.ops) else 0.0
     position = {op: i for i, op in enumerate(profile.ops)}
     cuts = sorted({position[t.op] for t in tensors if t.op in position})
-    estimate, _ = _plan_estimate(profile, cuts) if cuts else (total, total)
+    estimate, _ = plan_estimate(profile, cuts)
     return CheckpointPlan(
         mode=mode, tensors=list(tensors), segments=len(cuts) + 1, activation_bytes=total,
         estimated_bytes=estimate,
