@@ -68,6 +68,11 @@ def _mlp_step(optimizer):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(x, training=True)))
         grads = tape.gradient(loss, model.trainable_weights)
+        # Adam starts once every gradient is made. Without this barrier its updates interleave
+        # with the backward pass in an order the executor's cost estimates decide, one thread or
+        # not, and in some processes no gradient is alive at the peak (seen on CI, oneDNN off).
+        with tf.control_dependencies(grads):
+            grads = [tf.identity(grad) for grad in grads]
         optimizer.apply(grads, model.trainable_weights)
         return loss
 
@@ -101,7 +106,9 @@ def test_categories_sum_to_the_measured_peak_on_an_mlp_with_adam(probes):
     assert split["total_bytes"] == pytest.approx(_closest(split), rel=0.05), split
     assert split["weights"] == split["weights_expected"] > 0
     assert split["optimizer"] == split["optimizer_expected"] > 2 * split["weights"]  # two slots per weight
-    assert split["gradients"] > 0
+    # Adam waits for every gradient (the barrier in _mlp_step), so they are alive at the peak:
+    # 0.83-1.08x of the weights' bytes measured in nine processes, oneDNN on and off.
+    assert split["gradients"] > 0.5 * split["weights"], split
     assert all(t["category"] in ("activations", "gradients", "temporaries") for t in split["tensors"])
     assert "weights" in split["text"] and "largest tensors alive at the peak" in split["text"]
 
