@@ -7,6 +7,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Exact CPU memory statistics (the default allocator leaves small tensors out); must be
 # set before TensorFlow is imported. test_measure checks the default allocator separately.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# Fresh processes (probes, capped runs, also those started by memgrad-profile and the docs'
+# examples, which inherit this) fork from a warm interpreter that has imported TensorFlow:
+# each cold start spends 5-8 CPU-seconds importing it, and the suite starts hundreds. A probe
+# that must order its own imports, or must differ from another in Python's hash seed, says
+# warm=False. MEMGRAD_FRESH_WARM=0 runs every one cold.
+os.environ.setdefault("MEMGRAD_FRESH_WARM", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -80,7 +86,7 @@ def mirrored_strategy():
 # at module level:
 #
 #     FRESH_PROCESSES = {key: dict(target="module:function", args=[...], kwargs={...}, env={...},
-#                                  timeout=seconds, expected_s=seconds)}
+#                                  timeout=seconds, warm=False, expected_s=seconds)}
 #
 # (the arguments of memgrad._src.profiler.fresh.run_in_fresh_process, and optionally the
 # probe's rough wall time in CI), and its fixtures take `fresh_results`, {key: the target's

@@ -1,7 +1,9 @@
 """Every ```python block of README.md, CONTRIBUTING.md and docs/*.md runs, as shown.
 
-Each block runs in a fresh interpreter (``sys.executable``), in an empty temporary directory,
-with this checkout's ``memgrad`` and ``memgrad_zoo`` first on the path. HTML comments on the
+Each block runs in a fresh process (forked from a warm interpreter that has imported TensorFlow,
+as the suite's probes are: tests/conftest.py), in an empty temporary directory, with this
+checkout's ``memgrad`` and ``memgrad_zoo`` first on the path; what it prints is what its
+``print`` calls write to ``sys.stdout``. HTML comments on the
 lines just above a block's fence steer it (CONTRIBUTING.md describes them):
 
 - ``<!-- continued -->``: the block runs appended to the block(s) before it in the same file.
@@ -23,10 +25,10 @@ outputs) show must be one the command's ``--help`` lists.
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from memgrad._src.profiler.fresh import FreshProcessError, run_in_fresh_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 180  # a block that is not slow runs in a few seconds on 2 cores
@@ -35,19 +37,12 @@ MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*(?::\s*(.*?))?\s*-->$")
 KNOWN_MARKERS = {"continued", "slow", "not-run", "output"}
 FAST_FILES = {"README.md"}  # whose examples (not marked slow) run in plain `python -m pytest`
 
-# The example's process (and any process it starts: the emulated device's probes) imports
-# memgrad from this checkout (PYTHONPATH, see example_environment); the launcher also imports
-# this checkout's models/ as memgrad_zoo (an editable install may point at another checkout),
-# then runs the example as __main__, its own directory first on sys.path as for a script.
-LAUNCHER = (
-    "import runpy, sys\n"
-    "from tests.zoo_checkout import import_zoo_from_this_checkout\n"
-    "import_zoo_from_this_checkout()\n"
-    "sys.path.insert(0, {directory!r})\n"
-    "runpy.run_path({path!r}, run_name='__main__')\n"
-    "imported = sys.modules.get('memgrad')\n"
-    "assert imported is None or imported.__file__.startswith({root!r}), imported.__file__\n"
-)
+# The example runs in a fresh process (tests/example_runner.py), forked from the suite's warm
+# interpreter that has imported TensorFlow (conftest.py): memgrad from this checkout
+# (PYTHONPATH, see example_environment), this checkout's models/ as memgrad_zoo (an editable
+# install may point at another checkout), the example run as __main__, its own directory first
+# on sys.path as for a script.
+RUNNER = "tests.example_runner:run_example"
 
 
 def example_environment():
@@ -153,8 +148,9 @@ def python_chains():
             code = "\n\n".join(f"# {name}:{line}\n{block}" for line, block, _ in chain)
             reasons = [markers["not-run"] or "" for _, _, markers in chain if "not-run" in markers]
             slow = any("slow" in markers for _, _, markers in chain)
-            # Each example pays a fresh interpreter's TensorFlow import (8-10 s on 2 cores):
-            # only the README's run in the fast suite, every other file's in CI's `slow` run.
+            # Each example pays a fresh process (a second or two from the warm interpreter, which
+            # itself imports TensorFlow once per pytest process) and its own training: only the
+            # README's run in the fast suite, every other file's in CI's `slow` run.
             marks = [pytest.mark.slow] if slow or name not in FAST_FILES else []
             params.append(pytest.param(name, code, reasons[0] if reasons else None, slow, outputs,
                                        id=f"{name}:{first}", marks=marks))
@@ -169,18 +165,14 @@ def test_python_block_runs(name, code, not_run, slow, outputs, tmp_path):
         pytest.skip(f"not run: {not_run}")
     script = tmp_path / "example.py"
     script.write_text(code + "\n", encoding="utf-8")
-    launcher = LAUNCHER.format(directory=str(tmp_path), path=str(script), root=ROOT)
+    timeout = SLOW_TIMEOUT_S if slow else TIMEOUT_S
     try:
-        result = subprocess.run([sys.executable, "-c", launcher], cwd=tmp_path, env=example_environment(),
-                                capture_output=True, text=True,
-                                timeout=SLOW_TIMEOUT_S if slow else TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{name}: the example ran past {SLOW_TIMEOUT_S if slow else TIMEOUT_S} s")
-    assert result.returncode == 0, (
-        f"{name}: the example failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
-        f"\n--- stderr\n{result.stderr[-6000:]}")
+        printed = run_in_fresh_process(RUNNER, [str(tmp_path), str(script)], cwd=str(tmp_path),
+                                       env=example_environment(), timeout=timeout)
+    except FreshProcessError as error:
+        pytest.fail(f"{name}: the example failed\n{error}"[-9000:])
     for line, sample in outputs:
-        mismatch = sample_mismatch(sample, result.stdout)
+        mismatch = sample_mismatch(sample, printed)
         assert mismatch is None, f"{name}:{line}: the sample output is not what the example prints; {mismatch}"
 
 

@@ -13,10 +13,11 @@ _UNSET = {"TF_CPU_ALLOCATOR_USE_BFC": None}  # as a user's shell has it
 # and measure warns instead: tests/profiler/test_measure.py checks that case.
 _UNSET_WITHOUT_ONEDNN = {**_UNSET, "TF_ENABLE_ONEDNN_OPTS": "0"}
 FRESH_PROCESSES = {
+    # Cold: a warm interpreter has imported TensorFlow already (conftest.py).
     **{order: dict(target="tests.profiler.import_order_probe:measure_after", args=[order], env=_UNSET,
-                   timeout=300) for order in ("memgrad first", "tensorflow first")},
+                   timeout=300, warm=False) for order in ("memgrad first", "tensorflow first")},
     "an op first": dict(target="tests.profiler.import_order_probe:measure_after", args=["an op first"],
-                        env=_UNSET_WITHOUT_ONEDNN, timeout=300),
+                        env=_UNSET_WITHOUT_ONEDNN, timeout=300, warm=False),
     "oom": dict(target="tests.profiler.import_order_probe:capped_oom_report", timeout=600,
                 expected_s=40),  # wall time in CI's memory pass (the longest start first: conftest.py)
     "conv": dict(target="tests.profiler.import_order_probe:conv_categories", timeout=600),

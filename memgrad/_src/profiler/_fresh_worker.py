@@ -15,7 +15,12 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
 
 
 def main() -> None:
-    request = json.loads(sys.stdin.read())
+    run(json.loads(sys.stdin.read()))
+
+
+def run(request) -> None:
+    """Calls ``request``'s target and prints the marker and the outcome (also in a process
+    forked from a warm interpreter: `memgrad._src.profiler._fresh_zygote`)."""
     marker = request["marker"]
 
     def report(text):

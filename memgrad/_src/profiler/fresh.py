@@ -21,6 +21,9 @@ import sys
 import threading
 
 RESULT_MARKER = "MEMGRAD_FRESH_RESULT "
+# "1": fresh processes fork from a warm interpreter by default (`memgrad._src.profiler.warm`).
+# Test suites set it (tests/conftest.py): each cold start imports TensorFlow again.
+WARM_ENV = "MEMGRAD_FRESH_WARM"
 # Run as a script: the process imports nothing before the target's module, memgrad included.
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fresh_worker.py")
 
@@ -71,9 +74,14 @@ class FreshProcess:
       args: positional arguments (JSON-serialisable).
       kwargs: keyword arguments (JSON-serialisable).
       returncode: the process's exit code once it has finished, else ``None``.
+
+    With ``warm=True`` the process is forked from a warm interpreter that has imported
+    TensorFlow and Keras and run no op (`memgrad._src.profiler.warm`): the same clean allocator
+    and environment, without seconds of import, but TensorFlow is imported before the target's
+    module. ``warm=None`` reads ``MEMGRAD_FRESH_WARM`` ("1": warm).
     """
 
-    def __init__(self, target, args=(), kwargs=None, *, env=None, timeout=600.0, cwd=None):
+    def __init__(self, target, args=(), kwargs=None, *, env=None, timeout=600.0, cwd=None, warm=None):
         self.target = check_target(target)
         self.args = list(args)
         self.kwargs = dict(kwargs or {})
@@ -82,12 +90,17 @@ class FreshProcess:
         self._env = _environment(env)
         self._timeout = timeout
         self._cwd = cwd
+        self._warm = os.environ.get(WARM_ENV) == "1" if warm is None else bool(warm)
         self._process = None
         self._killed = False
         self.returncode = None
 
     def start(self) -> "FreshProcess":
         """Starts the process (once) and returns ``self`` without waiting."""
+        if self._process is None and self._warm:
+            from memgrad._src.profiler import warm
+
+            self._process = warm.spawn(json.loads(self._payload), self._env, self._cwd)
         if self._process is None:
             self._process = subprocess.Popen(
                 [sys.executable, _WORKER],
@@ -136,7 +149,7 @@ class FreshProcess:
         return result["value"]
 
 
-def run_in_fresh_process(target, args=(), kwargs=None, *, env=None, timeout=600.0, cwd=None):
+def run_in_fresh_process(target, args=(), kwargs=None, *, env=None, timeout=600.0, cwd=None, warm=None):
     """Calls ``target(*args, **kwargs)`` in a fresh Python process and returns its result.
 
     The process imports nothing before the target's module (its import may still set
@@ -150,6 +163,8 @@ def run_in_fresh_process(target, args=(), kwargs=None, *, env=None, timeout=600.
         removes the variable), e.g. ``{"TF_CPU_ALLOCATOR_USE_BFC": "true"}``.
       timeout: seconds before the process is killed.
       cwd: the process's working directory (default: the caller's).
+      warm: fork the process from a warm interpreter (see `FreshProcess`); None reads
+        ``MEMGRAD_FRESH_WARM``.
 
     Returns:
       The target's return value, through JSON (tuples come back as lists).
@@ -163,7 +178,7 @@ def run_in_fresh_process(target, args=(), kwargs=None, *, env=None, timeout=600.
       >>> run_in_fresh_process("math:factorial", [10])   # e.g. a workload measuring its peak
       3628800
     """
-    return FreshProcess(target, args, kwargs, env=env, timeout=timeout, cwd=cwd).result()
+    return FreshProcess(target, args, kwargs, env=env, timeout=timeout, cwd=cwd, warm=warm).result()
 
 
 class FreshProcessPool:
@@ -188,9 +203,9 @@ class FreshProcessPool:
         self._closed = False
 
     def submit(self, target, args=(), kwargs=None, *, env=None, timeout=600.0,
-               cwd=None) -> concurrent.futures.Future:
+               cwd=None, warm=None) -> concurrent.futures.Future:
         """Queues ``target(*args, **kwargs)`` (see `run_in_fresh_process`) and returns its future."""
-        process = FreshProcess(target, args, kwargs, env=env, timeout=timeout, cwd=cwd)
+        process = FreshProcess(target, args, kwargs, env=env, timeout=timeout, cwd=cwd, warm=warm)
         return self._executor.submit(self._run, process)
 
     def _run(self, process):
