@@ -11,11 +11,12 @@ def describe(size):
     memgrad_before = "memgrad" in sys.modules
     import tensorflow as tf
 
-    import memgrad
+    import memgrad  # imports networkx: on the path, as in a cold process
 
+    networkx = "networkx" in sys.modules
     step = tf.function(lambda x: tf.reduce_sum(tf.tanh(x) * 2.0))
     report = memgrad.profiler.measure(step, args=(tf.ones([size, size]),), device="CPU:0")
-    return {"pid": os.getpid(), "cwd": os.getcwd(), "probe": os.environ.get("MEMGRAD_TEST_PROBE"),
+    return {"pid": os.getpid(), "cwd": os.getcwd(), "path": [p for p in sys.path if p], "networkx": networkx, "probe": os.environ.get("MEMGRAD_TEST_PROBE"),
             "limit": os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB"),
             "tests_first": sys.path.index(os.environ["MEMGRAD_TEST_ROOT"]) < sys.path.index(
                 os.path.dirname(os.path.dirname(tf.__file__))),

@@ -44,6 +44,19 @@ def test_a_warm_process_sees_what_a_cold_one_sees(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_warm_process_has_a_cold_ones_path_whatever_pythonpath_started_its_interpreter(tmp_path):
+    """The first call starts the warm interpreter with the caller's whole path as PYTHONPATH;
+    a later call that names only this checkout must still find site-packages (networkx)."""
+    whole = {"MEMGRAD_TEST_ROOT": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}  # a warm interpreter of its own
+    narrow = {**whole, "PYTHONPATH": _ROOT}
+    for env in (whole, narrow):
+        cold = run_in_fresh_process(_DESCRIBE, [8], env=env, cwd=str(tmp_path), warm=False)
+        found = run_in_fresh_process(_DESCRIBE, [8], env=env, cwd=str(tmp_path), warm=True)
+        assert found["path"] == cold["path"], (env, found["path"], cold["path"])
+        assert found["networkx"] and cold["networkx"]
+
+
+@pytest.mark.slow
 def test_oneDNN_switch_read_at_import_is_honoured_warm():
     found = {value: run_in_fresh_process(_DESCRIBE, [64], env={"TF_ENABLE_ONEDNN_OPTS": value,
                                                                "MEMGRAD_TEST_ROOT": _ROOT}, warm=True)

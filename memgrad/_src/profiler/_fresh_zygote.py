@@ -22,6 +22,7 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import traceback
 
@@ -87,13 +88,21 @@ def _reap(children):
             _send({"id": call_id, "exit": os.waitstatus_to_exitcode(status)})
 
 
+def _default_path():
+    """The ``sys.path`` this interpreter has without ``PYTHONPATH`` (site-packages and what
+    their .pth files add), as a cold process has it after its ``PYTHONPATH`` entries."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    found = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+                           env=env, capture_output=True, text=True, check=True, cwd=_HERE)
+    return [p for p in json.loads(found.stdout.strip().splitlines()[-1]) if p]
+
+
 def main():
-    start_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = _default_path()
     import tensorflow  # noqa: F401 - the import every child would otherwise pay
     import keras  # noqa: F401
 
     worker = _load_worker()
-    base_path = [p for p in sys.path if p and p not in start_path]
     _send({"ready": True})
     children, pending = {}, b""
     stdin = sys.stdin.fileno()
