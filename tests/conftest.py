@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 # Fresh processes (probes, capped runs, also those started by memgrad-profile and the docs'
 # examples, which inherit this) fork from a warm interpreter that has imported TensorFlow:
-# each cold start spends 5-8 CPU-seconds importing it, and the suite starts hundreds. A probe
+# each cold start spends 5-8 CPU-seconds importing it, and a CI run starts about 120. A probe
 # that must order its own imports, or must differ from another in Python's hash seed, says
 # warm=False. MEMGRAD_FRESH_WARM=0 runs every one cold.
 os.environ.setdefault("MEMGRAD_FRESH_WARM", "1")

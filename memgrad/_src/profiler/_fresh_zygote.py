@@ -14,7 +14,7 @@ The child sets its environment and ``sys.path`` (from ``PYTHONPATH``) before the
 module is imported, so a variable TensorFlow reads when it starts its devices or allocator
 (``TF_CPU_ALLOCATOR_USE_BFC``, ``TF_CPU_BFC_MEM_LIMIT_IN_MB``, ``TF_NUM_INTEROP_THREADS``) takes
 effect as in a fresh process. Variables read at TensorFlow's import are the interpreter's own:
-the client keeps one warm interpreter per set of them (`fresh._import_time_key`).
+the client keeps one warm interpreter per set of them (`warm._import_time_key`).
 """
 
 import importlib.util

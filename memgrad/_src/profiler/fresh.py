@@ -85,8 +85,8 @@ class FreshProcess:
         self.target = check_target(target)
         self.args = list(args)
         self.kwargs = dict(kwargs or {})
-        self._payload = json.dumps({"target": self.target, "args": self.args, "kwargs": self.kwargs,
-                                    "marker": RESULT_MARKER})
+        self._request = {"target": self.target, "args": self.args, "kwargs": self.kwargs,
+                         "marker": RESULT_MARKER}
         self._env = _environment(env)
         self._timeout = timeout
         self._cwd = cwd
@@ -100,7 +100,7 @@ class FreshProcess:
         if self._process is None and self._warm:
             from memgrad._src.profiler import warm
 
-            self._process = warm.spawn(json.loads(self._payload), self._env, self._cwd)
+            self._process = warm.spawn(self._request, self._env, self._cwd)
         if self._process is None:
             self._process = subprocess.Popen(
                 [sys.executable, _WORKER],
@@ -125,7 +125,7 @@ class FreshProcess:
         self.start()
         description = f"{self.target}(*{self.args}, **{self.kwargs})"
         try:
-            out, err = self._process.communicate(self._payload, timeout=self._timeout)
+            out, err = self._process.communicate(json.dumps(self._request), timeout=self._timeout)
         except subprocess.TimeoutExpired:
             self._process.kill()
             out, err = self._process.communicate()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,8 +46,7 @@ class _WarmChild:
     """A call running in a child of a warm interpreter, with `subprocess.Popen`'s methods that
     `FreshProcess` uses: `communicate`, `kill`, `poll`, ``returncode``."""
 
-    def __init__(self, zygote, call_id, out, err):
-        self._zygote = zygote
+    def __init__(self, call_id, out, err):
         self._id = call_id
         self._out, self._err = out, err
         self.pid = None
@@ -65,7 +65,7 @@ class _WarmChild:
     def kill(self):
         if self.pid is not None and not self.ended.is_set():
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -133,7 +133,7 @@ class _Zygote:
         err.close()
         with self._lock:
             self._next_id += 1
-            call = _WarmChild(self, self._next_id, out.name, err.name)
+            call = _WarmChild(self._next_id, out.name, err.name)
             self._calls[call._id] = call
             line = json.dumps({"id": call._id, "request": request, "env": env,
                                "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
