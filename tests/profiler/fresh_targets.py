@@ -26,6 +26,14 @@ def describe(size):
             "peak_above_baseline_bytes": report.peak_above_baseline_bytes}
 
 
+def path():
+    """The process's module search path and whether networkx is on it, without importing
+    anything (a cold call takes a fraction of a second)."""
+    import importlib.util
+
+    return {"path": [p for p in sys.path if p], "networkx": importlib.util.find_spec("networkx") is not None}
+
+
 def fail():
     raise ValueError("as asked")
 

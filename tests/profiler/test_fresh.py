@@ -11,6 +11,7 @@ from memgrad._src.profiler import warm
 from memgrad._src.profiler.fresh import FreshProcessError, FreshProcessPool, run_in_fresh_process
 
 _DESCRIBE = "tests.profiler.fresh_targets:describe"
+_PATH = "tests.profiler.fresh_targets:path"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -50,8 +51,8 @@ def test_a_warm_process_has_a_cold_ones_path_whatever_pythonpath_started_its_int
     whole = {"MEMGRAD_TEST_ROOT": _ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}  # a warm interpreter of its own
     narrow = {**whole, "PYTHONPATH": _ROOT}
     for env in (whole, narrow):
-        cold = run_in_fresh_process(_DESCRIBE, [8], env=env, cwd=str(tmp_path), warm=False)
-        found = run_in_fresh_process(_DESCRIBE, [8], env=env, cwd=str(tmp_path), warm=True)
+        cold = run_in_fresh_process(_PATH, env=env, cwd=str(tmp_path), warm=False)
+        found = run_in_fresh_process(_PATH, env=env, cwd=str(tmp_path), warm=True)
         assert found["path"] == cold["path"], (env, found["path"], cold["path"])
         assert found["networkx"] and cold["networkx"]
 
