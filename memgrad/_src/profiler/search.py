@@ -21,8 +21,9 @@ def largest_fitting(probe, low, high, limit_bytes, *, start=None, rtol=0.0, aim=
     From ``start`` (default ``low``) it halves while a size does not fit. Then it grows the
     batch: to the size where a line through the fitting peaks meets the limit (5% past it,
     so the limit is bracketed at once), or at least doubling with ``aim=False``; an aim that
-    is too cautious (peaks that do not grow with the batch) still moves 1, 4, 16, ... sizes
-    per probe. Once a size fails, it interpolates between the largest fit and the smallest
+    is too cautious (peaks that do not grow with the batch) still moves 1, 4, 16, ... times
+    ``max(1, rtol * batch)`` sizes in successive such probes, never further than an aim
+    that moves more. Once a size fails, it interpolates between the largest fit and the smallest
     failure (their peaks, where the failure's is known, else the line), bisecting whenever
     an interpolation shrank the gap by less than half. Either way O(log) probes.
 
@@ -59,8 +60,12 @@ def largest_fitting(probe, low, high, limit_bytes, *, start=None, rtol=0.0, aim=
         width = None if bad is None else bad - good
         if bad is None:
             guess = _extrapolated(peaks, good, limit_bytes) if aim else None
-            candidate = max(guess or 2 * good, good + step * boost)
-            boost *= 4
+            least = good + step * boost
+            if guess is not None and guess > least:  # an aim that moves: taken as it is
+                candidate = guess
+            else:  # too cautious, or no aim: the least move grows fourfold per probe
+                candidate = max(guess or 2 * good, least)
+                boost *= 4
         elif halve:
             candidate = (good + bad) // 2
         else:
