@@ -37,7 +37,7 @@ FRESH_PROCESSES = {
     "default": dict(target="tests.cli_probe:run", args=[DEFAULT_DIR], timeout=1500),
     "builder": dict(target="tests.cli_probe:run", args=[BUILDER_DIR, BUILDER_ARGS], timeout=1500),
     "budget": dict(target="tests.cli_probe:run", args=[BUDGET_DIR, BUDGET_ARGS], timeout=1500,
-                   expected_s=180),  # 14 capped runs, 8 of them out of memory (10 s wait each)
+                   expected_s=180),  # 12 capped runs, 7 of them out of memory (10 s wait each)
 }
 
 
