@@ -19,42 +19,23 @@ exactly, where BFC adds the slack of chunks it hands out whole.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARKER = "REVERSIBLE_DEPTH "
-
-
-def measure(kind: str, depth: int, graph: bool) -> dict:
-    """In this process: the frozen stack's peaks, in MiB."""
-    import tensorflow as tf
-
-    import memgrad
-    from tests.reversible.memory_probe import BATCH, WIDTH, input_gradient_step, make_stack
-
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
-    step = input_gradient_step(make_stack(kind, depth), graph)
-    peaks = sorted(memgrad.profiler.measure(step, args=(x,), device="CPU:0", warmup=int(call == 0))
-                   .peak_above_baseline_bytes for call in range(5))
-    requested = memgrad.profiler.largest_live_tensors(step, args=(x,), k=1, device="CPU:0").requested_peak_bytes
-    return {"peak": peaks[2] / 2**20, "requested": requested / 2**20}
+sys.path.insert(0, ROOT)
 
 
 def run(kind: str, depth: int, graph: bool) -> dict:
-    """`measure` in a fresh Python process."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_ENABLE_ONEDNN_OPTS="1", TF_CPU_ALLOCATOR_USE_BFC="false",
-               TF_CPP_MIN_LOG_LEVEL="2")
-    child = subprocess.run([sys.executable, "-W", "ignore", os.path.abspath(__file__), "--child",
-                            kind, str(depth), "graph" if graph else "eager"],
-                           cwd=ROOT, env=env, capture_output=True, text=True)
-    for line in child.stdout.splitlines():
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
-    raise RuntimeError(f"{kind} at {depth} blocks failed:\n{child.stderr[-3000:]}")
+    """tests/reversible/memory_probe.py's `frozen_peaks` in a fresh Python process, in MiB."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # importing memgrad imports TensorFlow here too
+    from memgrad._src.profiler.fresh import run_in_fresh_process
+
+    found = run_in_fresh_process("tests.reversible.memory_probe:frozen_peaks", [kind, depth, graph],
+                                 timeout=1800, cwd=ROOT,
+                                 env={"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "false",
+                                      "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return {key: value / 2**20 for key, value in found.items()}
 
 
 def _cell(result: dict) -> str:
@@ -65,12 +46,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=["additive", "affine"], default="additive")
     parser.add_argument("--depths", type=int, nargs="+", default=[8, 64])
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        kind, depth, mode = args.child
-        print(MARKER + json.dumps(measure(kind, int(depth), mode == "graph")), flush=True)
-        return 0
     print(f"{args.kind} couplings, frozen, gradient with respect to the input (MiB; each cell its own process)")
     print(f"{'mode':<14}" + "".join(f"{str(d) + ' blocks':>20}" for d in args.depths) + f"{'growth':>18}")
     for graph in (False, True):

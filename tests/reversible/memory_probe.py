@@ -80,6 +80,18 @@ def _median_peak(step, x, calls):
     return measured[calls // 2]
 
 
+def frozen_peaks(kind, depth, graph, calls=5):
+    """The frozen stack of one depth (`input_gradient_step`), alone in this process: the median
+    allocator peak above baseline of ``calls`` calls and the bytes requested at the peak, in
+    bytes (scripts/reversible_depth.py runs it in a fresh process per depth)."""
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
+    step = input_gradient_step(make_stack(kind, depth), graph)
+    return {"peak": _median_peak(step, x, calls),
+            "requested": memgrad.profiler.largest_live_tensors(step, args=(x,), k=1, device="CPU:0")
+            .requested_peak_bytes}
+
+
 def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     """Peaks above baseline, keyed ``kind/eager|graph/reversible|plain|reversible-input/depth``
     (``reversible-input``: the reversible stack differentiated with respect to its input only;
