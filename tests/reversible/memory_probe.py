@@ -80,12 +80,16 @@ def _median_peak(step, x, calls):
     return measured[calls // 2]
 
 
-def frozen_peaks(kind, depth, graph, calls=5):
+def frozen_peaks(kind, depth, graph, calls=5, policy=None):
     """The frozen stack of one depth (`input_gradient_step`), alone in this process: the median
     allocator peak above baseline of ``calls`` calls and the bytes requested at the peak, in
-    bytes (scripts/reversible_depth.py runs it in a fresh process per depth)."""
+    bytes (scripts/reversible_depth.py runs it in a fresh process per depth). ``policy``: a
+    Keras dtype policy for the networks, as in `peaks`."""
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    x = tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1])
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
+    x = tf.cast(tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1]),
+                keras.config.dtype_policy().compute_dtype)
     step = input_gradient_step(make_stack(kind, depth), graph)
     return {"peak": _median_peak(step, x, calls),
             "requested": memgrad.profiler.largest_live_tensors(step, args=(x,), k=1, device="CPU:0")
