@@ -274,6 +274,7 @@ def chain_step(blocks):
 
 @pytest.mark.memory
 @pytest.mark.slow
+@pytest.mark.kernel_neutral  # 44.1 and 12.8 MiB with oneDNN's kernels, 45.0 and 12.7 without
 def test_recomputed_chain_peaks_well_below_plain():
     """16 blocks Dense(256, relu) -> Dense(64) at batch 2048 in a tf.function: measured 12.6 MiB
     recomputed vs 44-69 MiB plain (0.18-0.29x, the plain schedule varies between runs); plain

@@ -44,6 +44,10 @@ def _step(weights, loss_fn, gradients_fn):
     return step
 
 
+# Dense layers only: with oneDNN's kernels and without, the same peaks to within 3% (plain and
+# checkpointed 266/54 MiB at 64 layers, 1048/110-112 at 256; fit 142-144/44; monkey_patch and
+# the tape 138/40 and 140/46 both ways), so CI's oneDNN-flipped pass leaves these out.
+@pytest.mark.kernel_neutral
 @pytest.mark.parametrize("depth, limit", [(64, 0.25), (256, 0.12)])
 def test_memory_mode_peak_against_plain_gradients(depth, limit):
     weights, loss_fn = _chain(depth)
@@ -55,6 +59,7 @@ def test_memory_mode_peak_against_plain_gradients(depth, limit):
     assert checkpointed <= limit * plain
 
 
+@pytest.mark.kernel_neutral
 def test_monkey_patch_and_tape_paths_save_memory():
     weights, loss_fn = _chain(32)
     x = tf.random.stateless_normal([BATCH, WIDTH], [0, 2])
@@ -94,6 +99,7 @@ def _keras_chain(depth):
     return model
 
 
+@pytest.mark.kernel_neutral
 def test_fit_hook_saves_memory():
     keras.utils.set_random_seed(0)
     x = np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype("float32")
