@@ -41,6 +41,7 @@ from memgrad._src.checkpointing import gradient_walk
 from memgrad._src.checkpointing.aggregate import GradientParts, aggregate, dense, dense_parts
 from memgrad._src.checkpointing.loops import LOOP_TYPES, LoopGradients
 from memgrad._src.checkpointing.order import leaves_first
+from memgrad._src.checkpointing.segment_ends import peel, xs_inside
 from memgrad._src.graph.memory_model import gradient_function, inputs_from_outside, reads_only
 from memgrad._src.graph.view import is_differentiable, is_function_call, is_variable_read
 from memgrad._src.recompute import Gate
@@ -323,19 +324,25 @@ class _Rewrite:
             for t, grad in self._gradient_in_place(op, incoming):
                 parts.route(t, grad)
         if regular:
-            ops = set().union(*(self._segment_ops[t.ref()] for t in regular))
-            grad_ys = [incoming[t.ref()] for t in regular]
+            # A checkpoint's op whose gradient reads only its kept output is differentiated on
+            # the original op (`peel`): its copy, and the ops before it, need not run.
+            ends, grad_ys, kept, peeled = peel(view, regular, incoming, self.stop, self._segment_ops, (
+                lambda op: self._gradient_in_place(op, incoming, lambda t: is_differentiable(t.dtype))))
+            for t, grad in kept:
+                parts.route(t, grad)
+            ops = set().union(*(self._segment_ops[t.ref()] for t in regular)) - peeled
+        if regular and ends:
             outside = self._in_place_inputs(ops)
             if outside is not None:
                 ports = [(t, t) for t in outside if self._port_target(t)]
                 grads = self.gradients_fn(
-                    regular, [t for t, _ in ports], grad_ys=grad_ys, stop_gradients=outside,
+                    ends, [t for t, _ in ports], grad_ys=grad_ys, stop_gradients=outside,
                     leaves=self._leaf_positions(ports), **self.kwargs)
                 self.in_place_segments += 1
             else:
                 mapping, ports = self.copy(ops, self.gate_for(regular, incoming, previous))
                 grads = self.gradients_fn(
-                    [mapping[t.ref()] for t in regular], [port for _, port in ports], grad_ys=grad_ys,
+                    [mapping[t.ref()] for t in ends], [port for _, port in ports], grad_ys=grad_ys,
                     leaves=self._leaf_positions(ports), **self.kwargs)
             self.segments += 1
             previous = []
@@ -345,7 +352,7 @@ class _Rewrite:
                     previous.append(dense_parts(grad))
         for unit in {view.unit_of(t.op): None for t in atomic}:
             outs = [t for t in atomic if view.unit_of(t.op) is unit]
-            inside = self._xs_inside(unit)
+            inside = xs_inside(self.view, self.checkpoints, unit)
             pairs = self._unit_gradient(unit, outs, incoming, inside)
             split = len(pairs) - len(inside)  # the inside xs' pairs come last
             for t, grad in pairs[:split]:
@@ -367,21 +374,6 @@ class _Rewrite:
         if any(is_function_call(t.op) for t in outside):
             return None
         return outside
-
-    def _xs_inside(self, unit):
-        """The xs computed by ops of a unit of several ops, once each, in forward order.
-
-        The unit is differentiated as a whole, from its outputs to its inputs: such an x
-        gets its gradient through the unit's ops downstream of it only when it is one of
-        the sources of that call."""
-        if len(unit) == 1:
-            return []
-        members = set(unit)
-        found = {}
-        for t in self.view.x_tensors:
-            if t.op in members and is_differentiable(t.dtype) and t.ref() in self.checkpoints:
-                found.setdefault(t.ref(), t)
-        return list(found.values())
 
     @staticmethod
     def gate_for(regular, incoming, previous):
