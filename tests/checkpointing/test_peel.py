@@ -50,8 +50,7 @@ def test_a_segment_ending_at_a_relu_does_not_run_its_last_product_again():
     x = tf.random.stateless_normal([16, 32], [3, 99])
 
     @tf.function
-    def memgrad_step(x):
-        loss(x)  # the graph's ReLUs, to name two as checkpoints
+    def memgrad_step(x):  # loss(x) runs first and fills `relus` with this graph's ReLUs
         return memgrad.gradients(loss(x), weights, checkpoints=[relus[3], relus[7]])
 
     @tf.function

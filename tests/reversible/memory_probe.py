@@ -80,16 +80,22 @@ def _median_peak(step, x, calls):
     return measured[calls // 2]
 
 
+def _one_thread_input(policy):
+    """One inter-op thread and ``policy`` (a Keras dtype policy, or None for Keras's) for
+    this process; returns the probe's input in the policy's compute dtype."""
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
+    return tf.cast(tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1]),
+                   keras.config.dtype_policy().compute_dtype)
+
+
 def frozen_peaks(kind, depth, graph, calls=5, policy=None):
     """The frozen stack of one depth (`input_gradient_step`), alone in this process: the median
     allocator peak above baseline of ``calls`` calls and the bytes requested at the peak, in
     bytes (scripts/reversible_depth.py runs it in a fresh process per depth). ``policy``: a
     Keras dtype policy for the networks, as in `peaks`."""
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    if policy is not None:
-        keras.config.set_dtype_policy(policy)
-    x = tf.cast(tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1]),
-                keras.config.dtype_policy().compute_dtype)
+    x = _one_thread_input(policy)
     step = input_gradient_step(make_stack(kind, depth), graph)
     return {"peak": _median_peak(step, x, calls),
             "requested": memgrad.profiler.largest_live_tensors(step, args=(x,), k=1, device="CPU:0")
@@ -110,11 +116,7 @@ def peaks(kinds, depths, invertible_dtype="auto", policy=None):
     with the interleaving two threads happen to pick (8 blocks measured 21-26 MiB across
     processes with two threads, while 64 blocks stayed at 27-31 MiB).
     """
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    if policy is not None:
-        keras.config.set_dtype_policy(policy)
-    x = tf.cast(tf.random.stateless_normal([BATCH, WIDTH], seed=[0, 1]),
-                keras.config.dtype_policy().compute_dtype)
+    x = _one_thread_input(policy)
     peaks = {}
     for kind in kinds:
         for graph in (False, True):

@@ -32,8 +32,9 @@ def peel(view, checkpoints, incoming, stop, segment_ops, gradient_in_place):
     for t in checkpoints:
         op = t.op
         inputs = [i for i in op.inputs if is_differentiable(i.dtype)]
+        read_inputs, read_outputs = tensors_read(view, op)
         if (len(op.outputs) == 1 and inputs and gradient_function(op) is not None
-                and tensors_read(view, op) == ([], [t])
+                and not read_inputs and [r.ref() for r in read_outputs] == [t.ref()]
                 and all(i.ref() in stop or i.op in segment_ops[t.ref()] for i in inputs)):
             peeled.add(op)
             for i, grad in gradient_in_place(op):
