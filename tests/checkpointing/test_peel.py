@@ -65,6 +65,36 @@ def test_a_segment_ending_at_a_relu_does_not_run_its_last_product_again():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_the_record_counts_the_flops_of_the_copies_that_run():
+    """`RewriteRecord.recomputed_flops` is what the copies that run compute: on the ReLU chain
+    above, products 0-2 and 4-6 and their ReLUs (16x32 rows through 32x32 weights), not the
+    whole segments that `memgrad.analyze`'s memory model counts."""
+    weights, loss, relus = _relu_chain()
+    x = tf.random.stateless_normal([16, 32], [3, 99])
+
+    @tf.function
+    def step(x):
+        return memgrad.gradients(loss(x), weights, checkpoints=[relus[3], relus[7]])
+
+    with memgrad.record_rewrites() as log:
+        concrete = step.get_concrete_function(x)
+    product, relu = 2 * 16 * 32 * 32, 16 * 32
+    assert log[-1].recomputed_flops == 6 * (product + relu), log[-1]
+    copies = [op for op in _copies_that_run(concrete) if op.type in ("MatMul", "Relu")]
+    assert log[-1].recomputed_ops == len(copies) == 12, [op.name for op in copies]
+    analyses = []
+
+    @tf.function
+    def analyzed(x):
+        y = loss(x)
+        analyses.append(memgrad.analyze(ys=y, xs=weights, checkpoints=[relus[3], relus[7]],
+                                        budget_points=0))
+        return y
+
+    analyzed.get_concrete_function(x)
+    assert analyses[0].recomputed_flops == 8 * (product + relu), analyses[0].recomputed_flops
+
+
 def test_speed_does_not_run_an_attention_product_again():
     """Causal scaled dot-product attention as keras-hub's GPT-2 writes it (the scores scaled
     after the query-key product, masked with `tf.where`), then a GELU MLP: 'speed' keeps the softmax, the second product's input, whose
@@ -94,9 +124,11 @@ def test_speed_does_not_run_an_attention_product_again():
     with memgrad.record_rewrites() as log:
         concrete = step.get_concrete_function(x)
     assert log[-1].segments > 0 and not log[-1].fallback, log[-1]
-    products = [op.name for op in _copies_that_run(concrete)
-                if op.type in ("MatMul", "BatchMatMulV2", "Einsum")]
+    running = [op for op in _copies_that_run(concrete)  # not the ports and gates around the copies
+               if op.type != "NoOp" and not op.name.split("/")[-1].startswith("port")]
+    products = [op.name for op in running if op.type in ("MatMul", "BatchMatMulV2", "Einsum")]
     assert not products
+    assert log[-1].recomputed_ops == len(running), [op.name for op in running]
     for got, want in zip(step(x), plain(x)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

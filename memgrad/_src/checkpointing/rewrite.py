@@ -227,16 +227,6 @@ class _Rewrite:
     def copied_ops(self):
         return len(self.copies)
 
-    def recomputed_ops(self):
-        """How many copies run: those a gradient reads, directly or through other copies.
-        TensorFlow prunes the others before the step runs (a copied MatMul whose gradient
-        reads only its inputs, a chain that feeds only it)."""
-        copies, running = set(self.copies), set()
-        # A copy's consumers among the copies are in its own segment, made after it.
-        for op in reversed(self.copies):
-            if any(c not in copies or c in running for t in op.outputs for c in t.consumers()):
-                running.add(op)
-        return len(running)
 
     # ------------------------------------------------------------------ gradients
     def x_ref(self, t):
@@ -485,7 +475,7 @@ def rewrite_gradients(view, checkpoints, grad_ys, gradients_fn, kwargs, stop_gra
 
     Returns:
       A pair: one gradient (or None) per x, and the `_Rewrite` with its counters
-      (`copied_ops`, `recomputed_ops()`, `segments`) and its loops' records (``rewrite.loops.records``).
+      (`copied_ops`, `copies`, `segments`) and its loops' records (``rewrite.loops.records``).
     """
     rewrite = _Rewrite(view, checkpoints, gradients_fn, kwargs, stop_gradients, loops)
     with gradient_walk.indexed_captures():  # one gradient call per segment: keep each linear

@@ -4,6 +4,8 @@ import contextlib
 import dataclasses
 import threading
 
+import tensorflow as tf
+
 _recorders = []  # the lists of every active record_rewrites() block (any thread)
 _recorders_lock = threading.Lock()
 
@@ -19,9 +21,13 @@ class RewriteRecord:
       in_place_segments: of those, the segments whose gradients read only kept tensors:
         differentiated on the original ops, with nothing copied or recomputed.
       copied_ops: forward ops copied for recomputation.
-      recomputed_ops: the copies that run: those some gradient reads, directly or through
-        other copies. TensorFlow prunes the rest before the step runs (a copied matrix
-        product whose gradient reads only its inputs).
+      recomputed_ops: the copies that run: those the gradients depend on. TensorFlow prunes
+        the rest before the step runs (a copied matrix product whose gradient reads only its
+        inputs, a copy read only by gradient ops no x's gradient needs).
+      recomputed_flops: the floating-point operations of the copies that run (from static
+        shapes, as `memgrad.analyze` counts them): what the rewrite adds to the step.
+        `memgrad.analyze`'s figure is the memory model's, which counts every op of each
+        recomputed segment, and so can be higher.
       checkpoints: tensors kept.
       fallback: True when plain `tf.gradients` ran instead of the rewrite: nothing was worth
         keeping, or the rewrite could not handle the graph (`fallback_reason` says why; a
@@ -49,6 +55,30 @@ class RewriteRecord:
     fallback_reason: str = ""
     recomputed_ops: int = 0
     in_place_segments: int = 0
+    recomputed_flops: float = 0.0
+
+
+def copies_that_run(copies, grads):
+    """The ops among ``copies`` that ``grads`` depend on, through data or control edges:
+    those that run once TensorFlow prunes the step (not a copied MatMul whose gradient reads
+    only its inputs, nor a copy read only by gradient ops that no x's gradient needs)."""
+    copies, seen, running = set(copies), set(), []
+    stack = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            stack += [g.values.op, g.indices.op]
+        elif g is not None:
+            stack.append(g.op)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op in copies:
+            running.append(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return running
 
 
 @contextlib.contextmanager
