@@ -37,10 +37,10 @@ class Analysis:
       predicted_bytes: the memory model's predicted activation peak with the plan
         (`memgrad._src.graph.MemoryModel`: saved tensors, gradient partials, later parameter
         gradients), and `plain_predicted_bytes` without checkpoints.
-      recomputed_flops: FLOPs the plan runs again in backward, as the memory model counts
-        them: every op of each recomputed segment. The rewrite runs fewer where a gradient
-        reads no copy of an op (a segment's last matrix product before its kept ReLU):
-        `memgrad.RewriteRecord.recomputed_flops` holds the FLOPs of the copies that run.
+      recomputed_flops: FLOPs the plan runs again in backward, as the memory model predicts
+        them: the ops of each recomputed segment whose copies run (not a segment's last
+        matrix product before its kept ReLU, which no gradient reads).
+        `memgrad.RewriteRecord.recomputed_flops` holds what the rewrite's copies compute.
       curve: the budget curve, a list of `memgrad._src.checkpointing.CurvePoint`: for budgets
         from the smallest feasible one to plain backprop's peak, the predicted peak and
         extra compute of the cheapest plan within each.

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src.checkpointing.plans import absorb_bias, cuts_for, memory_cuts
+from memgrad._src.graph import idle_copies
 from memgrad._src.graph.memory_model import MemoryModel
 from memgrad._src.units import format_bytes
 
@@ -229,8 +230,7 @@ class Planner:
                 continue
             a = starts[window]
             seg = m.backward_tops(b)[a + 1] - saved_prefix[a + 1]
-            seg_flops = m.flops_prefix[b + 1] - m.flops_prefix[a + 1]
-            seg_flops[b - a <= 1] = 0.0
+            seg_flops = idle_copies.segment_flops(m, a, b)
             across = (self._births <= b) & (self._deaths > b)
             by_birth = np.bincount(self._births[across], weights=self._sizes[across],
                                    minlength=n)

@@ -26,8 +26,7 @@ class RewriteRecord:
         inputs, a copy read only by gradient ops no x's gradient needs).
       recomputed_flops: the floating-point operations of the copies that run (from static
         shapes, as `memgrad.analyze` counts them): what the rewrite adds to the step.
-        `memgrad.analyze`'s figure is the memory model's, which counts every op of each
-        recomputed segment, and so can be higher.
+        `memgrad.analyze` predicts it from the memory model.
       checkpoints: tensors kept.
       fallback: True when plain `tf.gradients` ran instead of the rewrite: nothing was worth
         keeping, or the rewrite could not handle the graph (`fallback_reason` says why; a

@@ -7,8 +7,9 @@ on a copy of the op in a scratch graph and looking at what the gradient ops cons
 follows TensorFlow's own gradients rather than a table of ours.
 
 `MemoryModel` turns that into prefix sums over the activation ops' topological order (the
-order of `memgrad._src.graph.cut_profile`), from which the predicted activation peak and the
-recomputed FLOPs of any set of cut positions follow in O(1) per segment:
+order of `memgrad._src.graph.cut_profile`), from which the predicted activation peak of any
+set of cut positions follows in O(1) per segment, and its recomputed FLOPs from the few ops
+at each cut whose copies never run (`memgrad._src.graph.idle_copies`):
 
 - segment (a, b] in backward, at each of its positions q from b down: the kept tensors of
   the cuts before it, the tensors born in (a, q] that gradients read (those born later are
@@ -25,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from memgrad._src import tf_internals
+from memgrad._src.graph import idle_copies
 from memgrad._src.graph.kernels import kernel_scratch
 from memgrad._src.graph.separators import cut_profile
 
@@ -327,7 +329,7 @@ class MemoryModel:
         ops = profile.ops
         n = len(ops)
         position = {op: i for i, op in enumerate(ops)}
-        index = {t.ref(): j for j, t in enumerate(profile.tensors)}
+        index = self.index = {t.ref(): j for j, t in enumerate(profile.tensors)}
         read = np.zeros(len(profile.tensors), dtype=bool)
         self._forced = np.zeros(len(profile.tensors), dtype=bool)
         work = np.zeros(n)
@@ -343,8 +345,10 @@ class MemoryModel:
                     read[j] |= i in reads
             return total
 
+        self.reads, self._idle = [], {}  # per position, what its gradient reads; `idle_copies`
         for p, op in enumerate(ops):
             in_reads, out_reads = gradient_reads(op, differentiated_inputs(view, op))
+            self.reads.append((in_reads, out_reads))
             in_bytes = activations(op.inputs, in_reads)
             out_bytes = activations(op.outputs, out_reads)
             elementwise = op.type in ELEMENTWISE_TYPES
@@ -452,10 +456,8 @@ class MemoryModel:
         return float(self.backward_tops(b)[a + 1] - self.saved_prefix[a + 1])
 
     def segment_flops(self, a, b):
-        """FLOPs recomputed for segment (a, b]; a single op is differentiated in place."""
-        if b - a <= 1:
-            return 0.0
-        return float(self.flops_prefix[b + 1] - self.flops_prefix[a + 1])
+        """FLOPs recomputed for segment (a, b]: of the copies that run (`idle_copies`)."""
+        return float(idle_copies.segment_flops(self, a, b))
 
     def predict(self, cuts):
         """Predicted activation peak and recomputed FLOPs of cuts at the given positions.
