@@ -95,7 +95,8 @@ def test_the_record_counts_the_flops_of_the_copies_that_run():
     assert analyses[0].recomputed_flops == 6 * (product + relu), analyses[0].recomputed_flops
 
 
-@pytest.mark.parametrize("checkpoints", ["memory", memgrad.strategies.Budget(0.9, hold_gradients=False)],
+# scratch=False: Eigen's convolution scratch (oneDNN off) would outweigh every plan here.
+@pytest.mark.parametrize("checkpoints", ["memory", memgrad.strategies.Budget(0.9, hold_gradients=False, scratch=False)],
                          ids=["memory", "budget"])
 def test_the_model_predicts_the_flops_the_copies_that_run_compute(checkpoints):
     """On keras.applications' MobileNetV3Small (convolutions, batch normalisation, hard

@@ -17,7 +17,7 @@ from memgrad._src.checkpointing.fallback import (
 from memgrad._src.checkpointing.gradients_call import checked_call
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
-from memgrad._src.checkpointing.rewrite_log import copies_that_run, record
+from memgrad._src.checkpointing.rewrite_log import copies_that_run, record, rewrites_recorded
 from memgrad._src.checkpointing.strategies import checked_plan, choose
 from memgrad._src.graph.view import ForwardGraph
 
@@ -122,13 +122,14 @@ def gradients(ys, xs, grad_ys=None, checkpoints="memory", name="gradients", **kw
         except _FallBack as fallback:
             plan = fallback.plan
             return _fall_back(plain, plan.mode if plan is not None else call.mode, plan, fallback.reason)
-    running = copies_that_run(rewrite.copies, grads)
-    record(
-        copied_ops=rewrite.copied_ops, recomputed_ops=len(running),
-        recomputed_flops=float(sum(view.op_flops(op) for op in running)), segments=rewrite.segments,
-        in_place_segments=rewrite.in_place_segments,
-        gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors), mode=plan.mode,
-        estimated_bytes=plan.estimated_bytes, plan=plan, loops=tuple(rewrite.loops.records))
+    if rewrites_recorded():  # the walk over the step's graph serves only the log
+        running = copies_that_run(rewrite.copies, grads)
+        record(
+            copied_ops=rewrite.copied_ops, recomputed_ops=len(running),
+            recomputed_flops=float(sum(view.op_flops(op) for op in running)), segments=rewrite.segments,
+            in_place_segments=rewrite.in_place_segments,
+            gradient_seconds=rewrite.gradient_seconds, checkpoints=len(plan.tensors), mode=plan.mode,
+            estimated_bytes=plan.estimated_bytes, plan=plan, loops=tuple(rewrite.loops.records))
     if call.unconnected == tf.UnconnectedGradients.ZERO:
         grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, call.xs)]
     return grads

@@ -227,7 +227,6 @@ class _Rewrite:
     def copied_ops(self):
         return len(self.copies)
 
-
     # ------------------------------------------------------------------ gradients
     def x_ref(self, t):
         """The ref of the x that `t` stands for (an x itself or a read of one), or None."""

@@ -109,6 +109,11 @@ def record_rewrites():
             del _recorders[next(i for i, r in enumerate(_recorders) if r is log)]
 
 
+def rewrites_recorded():
+    """Whether a `record_rewrites` block is active (what only the log needs can be skipped)."""
+    return bool(_recorders)
+
+
 def record(**fields):
     """Adds one `RewriteRecord` to every active `record_rewrites` log."""
     if not _recorders:

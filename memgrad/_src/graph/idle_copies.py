@@ -55,7 +55,8 @@ def _copy_idle(model, op, kept, idle):
                     return False  # a forward op outside the activation order: assumed to run
                 continue
             read = model.reads[q][0]
-            if q not in idle or any(i in read for i, x in enumerate(consumer.inputs) if x is t):
+            if q not in idle or any(i in read for i, x in enumerate(consumer.inputs)
+                                    if x.ref() == t.ref()):
                 return False
     return True
 
