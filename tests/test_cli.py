@@ -63,12 +63,13 @@ def _leaked(stderr):
 
 def _assert_schema(result):
     assert set(result) >= {"command", "model", "device", "strategies", "depths", "batch_sizes", "versions",
-                           "rows", "budget", "top"}
+                           "rows", "budget", "top", "half_precision_kernels"}
     assert set(result["versions"]) == {"memgrad", "tensorflow", "keras", "python"}
     for row in result["rows"]:
         assert set(row) == {"model", "strategy", "depth", "batch_size", "peak_bytes", "peak_above_baseline_bytes",
                             "ms_per_step", "time_spread", "memory_ratio", "time_overhead", "out_of_memory",
-                            "categories", "oom_report"}
+                            "categories", "oom_report", "half_precision"}
+        assert row["half_precision"] is False  # float32 models: no kernel check in the result
         assert row["strategy"] in result["strategies"] and row["batch_size"] in result["batch_sizes"]
         assert isinstance(row["peak_bytes"], int) and isinstance(row["peak_above_baseline_bytes"], int)
         assert row["ms_per_step"] > 0 and row["time_spread"] >= 0 and row["out_of_memory"] is False

@@ -24,7 +24,7 @@ from memgrad.cli.budget import find_budget_batches
 from memgrad.cli.timing import time_side_by_side, time_steps
 from memgrad.cli.report import (
     MB, MIB, PEAK_BASIS, format_budget, format_categories, format_oom, format_table, format_top, one_line, plot,
-    point, profiled_at)
+    half_precision_kernels, point, profiled_at)
 
 HEADLINE_STRATEGIES = ("plain", "memory", "reversible")
 # Printed under the table when the selective strategy was asked for.
@@ -189,7 +189,8 @@ def _sweep_points(spec, strategies, depths, batch_sizes, device, repeats, bar, r
                 step, inputs, model = sweep.workload(spec, strategy, depth, batch_size)
                 row = {"model": spec.source, "strategy": strategy, "depth": depth, "batch_size": batch_size,
                        "peak_bytes": None, "peak_above_baseline_bytes": None, "ms_per_step": None,
-                       "time_spread": None, "out_of_memory": False, "categories": None, "oom_report": None}
+                       "time_spread": None, "out_of_memory": False, "categories": None, "oom_report": None,
+                       "half_precision": sweep.computes_in_half_precision(model)}
                 listed = top is not None and (depth, batch_size) == tuple(top[:2])
                 k = top[2] if listed else 1
                 try:
@@ -311,6 +312,9 @@ def _run(args) -> int:
     print(format_table(rows, unit))
     if "selective" in strategies:
         print(SELECTIVE_NOTE)
+    kernels, kernel_warning = half_precision_kernels(rows)
+    if kernel_warning:
+        print(f"warning: {kernel_warning}")
     if profiled_at(rows, deepest, batch_sizes[0]):
         print()
         print(format_categories(rows, deepest, batch_sizes[0], unit))
@@ -325,6 +329,7 @@ def _run(args) -> int:
         "versions": {"memgrad": memgrad.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
                      "python": platform.python_version()},
         "rows": [{k: v for k, v in row.items() if k != "top"} for row in rows], "budget": None, "top": None,
+        "half_precision_kernels": kernels,
     }
     if args.budget:
         result["budget"] = find_budget_batches(spec, strategies, deepest, rows, args.budget.bytes,

@@ -268,6 +268,24 @@ def format_budget(results, label, unit=MIB, source=None) -> str:
     return "\n".join(lines)
 
 
+def half_precision_kernels(rows, check=None):
+    """``(the kernel check as a dict, its warning)`` when a profiled model computes in half
+    precision, else ``(None, None)``; the warning is ``None`` where every product is right.
+
+    Args:
+      rows: the sweep's rows (``half_precision``: whether the row's model computes in float16
+        or bfloat16).
+      check: a `memgrad.profiler.KernelCheck`; ``None`` runs the check on this machine.
+    """
+    if not any(row.get("half_precision") for row in rows):
+        return None, None
+    if check is None:
+        from memgrad.profiler import check_half_precision_kernels
+
+        check = check_half_precision_kernels()
+    return check.as_dict(), check.warning()
+
+
 def one_line(error) -> str:
     """An exception's message on one line.
 

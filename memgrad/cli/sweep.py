@@ -111,6 +111,21 @@ def model_spec(source, width=256) -> ModelSpec:
     )
 
 
+def computes_in_half_precision(model) -> bool:
+    """Whether a Keras ``model``, or a layer nested in it (through ``layers``), computes in
+    float16 or bfloat16."""
+    pending, seen = [model], set()
+    while pending:
+        layer = pending.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if str(getattr(layer, "compute_dtype", "")) in ("float16", "bfloat16"):
+            return True
+        pending.extend(getattr(layer, "layers", None) or [])
+    return False
+
+
 def check_strategies(spec: ModelSpec, strategies) -> tuple:
     """The requested strategies, or a `ProfileError` naming the ones the model lacks."""
     strategies = tuple(strategies)

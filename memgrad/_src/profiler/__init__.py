@@ -20,6 +20,7 @@ from memgrad._src.profiler.live import (
     largest_live_tensors,
     memory_by_category,
 )
+from memgrad._src.profiler.kernel_check import KernelCheck, KernelResult, check_half_precision_kernels
 from memgrad._src.profiler.oom import OutOfMemoryError, OutOfMemoryReport, explain_oom, oom_report
 from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.allocator import MemoryWindow
@@ -31,9 +32,12 @@ __all__ = [
     "BatchSearch",
     "CappedRun",
     "CappedRunError",
+    "KernelCheck",
+    "KernelResult",
     "MemoryReport",
     "MemoryWindow",
     "MemoryStatsUnavailableError",
+    "check_half_precision_kernels",
     "default_device",
     "exact_cpu_stats_enabled",
     "explain_oom",

@@ -35,6 +35,31 @@ def _log_abs_det(matrix):
     return tf.reduce_sum(tf.math.log(tf.abs(tf.linalg.diag_part(tf.linalg.qr(matrix)[1]))))
 
 
+def _mix_channels(x, matrix):
+    """``x @ matrix`` on ``x``'s last axis (any rank), as one 2-D ``MatMul``.
+
+    Not ``tf.einsum("...i,ij->...j")``: in float16 under oneDNN on Intel CPUs with
+    AVX512-FP16 (TensorFlow 2.21) that einsum is wrong (relative error above 1), while a 2-D
+    MatMul is right on every CPU checked (docs/known_issues.md). A 2-D product also keeps the
+    kernel's gradient one MatMul instead of a broadcast batch product summed over positions.
+    """
+    flat = tf.reshape(x, [-1, matrix.shape[0]])
+    y = tf.reshape(tf.matmul(flat, matrix), tf.shape(x))  # a square matrix: x's shape
+    y.set_shape(x.shape)
+    return y
+
+
+def _orthogonal(seed):
+    """A random rotation, drawn in float32 and cast to the weight's dtype: the QR that draws it
+    has no bfloat16 kernel, so a bfloat16 layer could not be built otherwise."""
+    draw = keras.initializers.Orthogonal(seed=seed)
+
+    def initializer(shape, dtype=None):
+        return tf.cast(draw(shape, dtype="float32"), dtype or "float32")
+
+    return initializer
+
+
 def _check_channels(layer, input_shape):
     if input_shape[-1] is None:
         raise ValueError(f"{layer_name(layer)} needs a known channel count. Received: input shape {tuple(input_shape)}")
@@ -148,19 +173,19 @@ class Invertible1x1Conv(ReversibleBlock):
     def build(self, input_shape):
         channels = _check_channels(self, input_shape)
         self.kernel = self.add_weight(
-            shape=(channels, channels), initializer=keras.initializers.Orthogonal(seed=self.seed),
+            shape=(channels, channels), initializer=_orthogonal(self.seed),
             name="kernel",
         )
         super().build(input_shape)
 
     def forward(self, x, training=None):
         kernel = tf.cast(self.kernel.value, _linalg_dtype(x.dtype))
-        y = tf.einsum("...i,ij->...j", x, tf.cast(kernel, x.dtype))
+        y = _mix_channels(x, tf.cast(kernel, x.dtype))
         return y, _per_example(_log_abs_det(kernel) * _spatial_size(x), x)
 
     def inverse(self, y, training=None):
         inverse_kernel = tf.linalg.inv(tf.cast(self.kernel.value, _linalg_dtype(y.dtype)))
-        return tf.einsum("...i,ij->...j", y, tf.cast(inverse_kernel, y.dtype))
+        return _mix_channels(y, tf.cast(inverse_kernel, y.dtype))
 
     def get_config(self):
         config = super().get_config()

@@ -7,6 +7,8 @@ import string
 import keras
 import tensorflow as tf
 
+from memgrad._src.selective.activation import apply_activation
+from memgrad._src.selective.lean_layer import computed_weights
 from memgrad._src.selective.linear import SelectiveLinear
 
 
@@ -35,8 +37,10 @@ class EinsumDense(SelectiveLinear, keras.layers.EinsumDense):
     The input gradient is ``einsum(output, kernel -> input)`` and needs only the
     kernel; the kernel gradient ``einsum(input, output -> kernel)`` needs the
     input. Equations in which a label of the input or kernel appears in neither
-    other operand are rejected. A LoRA-enabled or quantized layer runs Keras's
-    computation.
+    other operand are rejected. An equation with ``...`` is computed with the
+    ellipsis spelled out in letters (same result): TensorFlow's oneDNN einsum with an
+    ellipsis is wrong in float16 on Intel CPUs with AVX512-FP16 (docs/known_issues.md).
+    A LoRA-enabled or quantized layer runs Keras's computation, ellipsis included.
 
     Example:
       >>> projection = EinsumDense("abc,cd->abd", output_shape=(None, 64), bias_axes="d")
@@ -50,6 +54,19 @@ class EinsumDense(SelectiveLinear, keras.layers.EinsumDense):
             raise ValueError(
                 "memgrad's EinsumDense needs every input and kernel label in one of the other two operands "
                 f"and no '...' in the kernel. Received: equation={self.equation!r}")
+
+    def call(self, inputs, training=None):
+        if computed_weights(self) or "..." not in self.equation or tf.executing_eagerly():
+            return super().call(inputs, training)
+        return apply_activation(self.activation, self.keras_call(inputs))  # in a graph: no ellipsis
+
+    def keras_call(self, inputs):
+        """Keras's computation without the activation, the equation's ellipsis spelled out."""
+        if computed_weights(self) or "..." not in self.equation:
+            return super().keras_call(inputs)
+        x_spec, kernel_spec, out_spec = _expand_ellipsis(self.equation, inputs.shape.rank)
+        outputs = keras.ops.einsum(f"{x_spec},{kernel_spec}->{out_spec}", inputs, self.kernel)
+        return outputs if self.bias is None else keras.ops.add(outputs, self.bias)
 
     def lean_weights(self):
         return [self.kernel] + ([self.bias] if self.bias is not None else [])
