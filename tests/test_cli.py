@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+import memgrad
 from memgrad.cli import profile as cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -219,6 +220,25 @@ def _run(capsys, *arguments):
     status = cli.main(["--no-progress", "--repeats", "1", "--device", "CPU:0", *arguments])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+@pytest.mark.slow
+def test_a_half_precision_model_gets_the_kernel_check(tmp_path, capsys):
+    """A mixed_float16 model: the JSON carries the check of this CPU's half-precision kernels,
+    and the output warns exactly when one of them is wrong here."""
+    layer = keras.layers.EinsumDense("...b,bc->...c", output_shape=8, dtype="mixed_float16")
+    model = keras.Sequential([keras.Input((4, 16)), layer, keras.layers.Dense(4, dtype="mixed_float16")])
+    path = str(tmp_path / "half.keras")
+    model.save(path)
+    out_json = tmp_path / "r.json"
+    status, out, err = _run(capsys, "--model", path, "--batch-sizes", "8", "--strategies", "plain",
+                            "--json", str(out_json))
+    assert status == 0, err
+    result = json.loads(out_json.read_text())
+    assert [row["half_precision"] for row in result["rows"]] == [True]
+    check = memgrad.profiler.check_half_precision_kernels()
+    assert result["half_precision_kernels"] == json.loads(json.dumps(check.as_dict()))
+    assert ("warning: " in out) == bool(check.wrong)
 
 
 @pytest.mark.slow

@@ -111,6 +111,50 @@ def transformer_classifier(blocks=12, dim=64, heads=4, tokens=64, classes=10, se
     return keras.Model(inputs, layers.Dense(classes)(layers.GlobalAveragePooling1D()(h)))
 
 
+def mlp_step(batch_size: int = 64, depth: int = 8, width: int = 256):
+    """The MLP's training step and a batch: a builder for ``measure_runs(..., processes=n)``.
+
+    Returns:
+      ``(step, (x, y))``.
+
+    Example:
+      >>> step, batch = mlp_step(batch_size=4, depth=2, width=8)
+      >>> float(step(*batch)) > 0
+      True
+    """
+    step, _ = build_mlp_step(depth, width)
+    return step, mlp_batch(batch_size, width)
+
+
+def transformer_step(batch_size: int = 8, blocks: int = 4, dim: int = 64, heads: int = 4, tokens: int = 64):
+    """A training step of `transformer_classifier` (plain backprop, SGD) and a synthetic batch:
+    a builder for ``measure_runs(..., processes=n)``.
+
+    Returns:
+      ``(step, (x, labels))``: ``step(x, labels)`` runs one step and returns the loss.
+
+    Example:
+      >>> step, batch = transformer_step(batch_size=2, blocks=1, dim=8, heads=2, tokens=4)
+      >>> float(step(*batch)) > 0
+      True
+    """
+    model = transformer_classifier(blocks=blocks, dim=dim, heads=heads, tokens=tokens)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, labels):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        for variable, grad in zip(variables, tape.gradient(loss, variables)):
+            variable.assign_sub(0.01 * grad)
+        return loss
+
+    x = tf.random.stateless_normal([batch_size, tokens, dim], seed=[1, 0])
+    labels = tf.random.stateless_uniform([batch_size], seed=[1, 1], maxval=10, dtype=tf.int32)
+    return step, (x, labels)
+
+
 def mlp_training_step(batch_size: int = 64, depth: int = 8, width: int = 256) -> float:
     """Builds the MLP and runs one training step: a `run_capped` target.
 

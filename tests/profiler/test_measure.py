@@ -191,3 +191,45 @@ def test_only_the_allocator_module_reads_the_allocators_statistics():
                 text = open(path, encoding="utf-8").read()
                 found += [relative for call in ("reset_memory_stats(", "get_memory_info(") if call in text]
     assert found == []
+
+
+@pytest.mark.memory
+def test_measure_runs_over_fresh_processes_reports_their_spread():
+    batch, depth, width = 256, 4, 512
+    spread = memgrad.profiler.measure_runs("memgrad.profiler.workloads:mlp_step", device="CPU:0",
+                                           kwargs={"batch_size": batch, "depth": depth, "width": width},
+                                           processes=3, repeats=2, env={"TF_NUM_INTEROP_THREADS": "1"})
+    assert isinstance(spread, memgrad.profiler.RunSpread)
+    assert [len(runs) for runs in spread.processes] == [2, 2, 2]
+    # The step keeps each layer's tanh output for backprop: at least depth activations.
+    assert spread.min_bytes >= depth * batch * width * 4
+    assert spread.min_bytes <= spread.median_bytes <= spread.max_bytes
+    assert len(spread.process_peaks) == 3
+    assert spread.relative_spread == pytest.approx((spread.max_bytes - spread.min_bytes) / spread.median_bytes)
+    assert spread.as_dict()["median_bytes"] == spread.median_bytes
+    assert "3 processes" in str(spread)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(args=(1,)), r"pass its own arguments as kwargs\. Received: args=\(1,\)"),
+    (dict(processes=0), r"processes must be a positive integer\. Received: processes=0"),
+    (dict(processes=True), r"processes must be a positive integer\. Received: processes=True"),
+])
+def test_bad_fresh_process_arguments_are_rejected_before_any_process(bad, message):
+    options = dict(processes=2)
+    options.update(bad)
+    with pytest.raises(ValueError, match=message):
+        memgrad.profiler.measure_runs("memgrad.profiler.workloads:mlp_step", **options)
+
+
+def test_env_without_processes_is_rejected():
+    with pytest.raises(ValueError, match=r"env applies only to fresh processes.*Received: env="):
+        memgrad.profiler.measure_runs(tf.function(lambda: tf.ones([2])), env={"TF_NUM_INTEROP_THREADS": "1"})
+
+
+def test_a_builder_that_returns_no_call_is_named():
+    from memgrad._src.profiler.fresh import FreshProcessError
+
+    with pytest.raises(FreshProcessError, match=r"memgrad.profiler.workloads:mlp_batch must return the call"):
+        memgrad.profiler.measure_runs("memgrad.profiler.workloads:mlp_batch", kwargs={"batch_size": 2, "width": 2},
+                                      processes=1)

@@ -23,6 +23,7 @@ from memgrad._src.profiler.live import (
 from memgrad._src.profiler.kernel_check import KernelCheck, KernelResult, check_half_precision_kernels
 from memgrad._src.profiler.oom import OutOfMemoryError, OutOfMemoryReport, explain_oom, oom_report
 from memgrad._src.profiler.report import MemoryReport
+from memgrad._src.profiler.spread import RunSpread
 from memgrad._src.allocator import MemoryWindow
 from memgrad._src.units import format_bytes, parse_bytes
 
@@ -49,6 +50,7 @@ __all__ = [
     "OutOfMemoryReport",
     "PeakPrediction",
     "PeakTensors",
+    "RunSpread",
     "max_batch_size",
     "measure",
     "measure_runs",
