@@ -7,6 +7,7 @@ lasts for a ``with`` block; the private names come from `memgrad._src.tf_interna
 
 import collections
 import contextlib
+import threading
 
 import tensorflow as tf
 
@@ -31,16 +32,24 @@ def add_n_order(tensors):
     return sorted(tensors, key=lambda t: tf_internals.resource_handle_data(t) is not None)  # stable
 
 
+# Held while any swap below is in place. Re-entrant: one thread nests swaps (memgrad.gradients
+# orders its sums around the rewrite, which indexes captures and stops at calls inside). A
+# second thread that builds memgrad gradients waits for the first to finish instead of saving
+# the first one's replacement as the "original" and restoring it when the first has left.
+_swap_lock = threading.RLock()
+
+
 @contextlib.contextmanager
 def _swapped(name, replacement):
-    """Within the block, ``gradients_util.<name>`` is ``replacement(original)``; restored after.
-    Not thread-safe, like graph construction itself."""
-    original = getattr(gradients_util, name)
-    setattr(gradients_util, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(gradients_util, name, original)
+    """Within the block, ``gradients_util.<name>`` is ``replacement(original)``; restored after,
+    on every exit path. Other threads' swaps wait (`_swap_lock`)."""
+    with _swap_lock:
+        original = getattr(gradients_util, name)
+        setattr(gradients_util, name, replacement(original))
+        try:
+            yield
+        finally:
+            setattr(gradients_util, name, original)
 
 
 def ordered_gradient_sums():
