@@ -49,6 +49,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "own_kernels: every probe the test reads sets "
                             "TF_ENABLE_ONEDNN_OPTS itself (set by conftest), so CI's second pass, "
                             "which flips that choice, would only repeat it")
+    config.addinivalue_line("markers", "numerics: compares numbers that depend on which kernels run "
+                            "(half-precision products: oneDNN's differ from Eigen's by CPU), so CI's second "
+                            "pass runs it with oneDNN flipped too")
     config.addinivalue_line("markers", "kernel_neutral: dense layers and loops of them (no "
                             "convolution, no kernel scratch), measured the same with oneDNN's kernels "
                             "and without (CONTRIBUTING.md has the figures); CI's second pass leaves it out")
