@@ -167,6 +167,10 @@ for _name in ("_set_func_attr", "_set_type_list_attr", "_set_shape_list_attr",
 gradients_util = _private("tensorflow.python.ops.gradients_util")
 for _name in ("_Consumers", "_Captures", "_GradientsHelper", "_IsPartitionedCall", "_MultiDeviceAddN"):
     _private_member(gradients_util, _name, "tensorflow.python.ops.gradients_util")
+# The generated AddN wrapper every Python sum of tensors ends in (math_ops.add_n, tf.gradients'
+# sums, while_v2's): memgrad.gradients orders its inputs while it builds.
+gen_math_ops = _private("tensorflow.python.ops.gen_math_ops")
+_private_member(gen_math_ops, "add_n", "tensorflow.python.ops.gen_math_ops")
 
 
 def graph_function_definition(graph, name):
@@ -331,6 +335,25 @@ def release_tape(tape):
 # Graph ops' creation numbers: memgrad.GradientTape notes which ops were created while it
 # recorded (tf.GradientTape records only those), by the graph's op ids (increasing).
 _private_member(tf.Graph(), "_nodes_by_id", "tf.Graph")
+
+
+def failed_op_creation(error):
+    """``(op type, op name, graph)`` if ``error`` escaped TensorFlow's op creation (``_create_c_op``)
+    as a C++ exception rather than a Status (a shape function's ``std::out_of_range`` arrives
+    as a bare IndexError), else ``None``. Such an exception skips the release of the graph's
+    lock (TensorFlow 2.21): the next op made in that graph waits forever."""
+    if isinstance(error, (ValueError, tf.errors.OpError)):  # a Status: the lock was released
+        return None
+    frame, creating = error.__traceback__, None
+    while frame is not None:
+        if frame.tb_frame.f_code.co_name == "_create_c_op":
+            creating = frame
+        frame = frame.tb_next
+    if creating is None:
+        return None
+    local = creating.tb_frame.f_locals
+    node_def = local.get("node_def")
+    return getattr(node_def, "op", "?"), getattr(node_def, "name", "?"), local.get("graph")
 
 
 def last_op_id(graph):

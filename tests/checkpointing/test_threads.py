@@ -1,6 +1,6 @@
 """memgrad.gradients from several Python threads: what it changes in TensorFlow's
-`gradients_util` while it builds gradients is held by one thread at a time and restored on
-every exit path."""
+`gradients_util` and `gen_math_ops` while it builds gradients is held by one thread at a time
+and restored on every exit path."""
 
 import threading
 
@@ -10,14 +10,14 @@ import tensorflow as tf
 
 import memgrad
 from memgrad._src.checkpointing import gradient_walk
-from memgrad._src.tf_internals import gradients_util
+from memgrad._src.tf_internals import gen_math_ops, gradients_util
 
 SWAPPED = ("_MultiDeviceAddN", "_Consumers", "_IsPartitionedCall")
 JOIN_TIMEOUT_S = 120
 
 
 def _tensorflows_own():
-    return {name: getattr(gradients_util, name) for name in SWAPPED}
+    return dict({name: getattr(gradients_util, name) for name in SWAPPED}, add_n=gen_math_ops.add_n)
 
 
 def _chain_step(seed, checkpoints):

@@ -14,6 +14,7 @@ from memgrad._src.checkpointing.aggregate import aggregate
 from memgrad._src.checkpointing.fallback import (
     crash_reason, is_internal_failure, lost_gradients, outside_graph_of_ys, unsupported_op,
 )
+from memgrad._src.checkpointing.graph_lock import raise_if_locked
 from memgrad._src.checkpointing.gradients_call import checked_call
 from memgrad._src.checkpointing.loops import LOOP_TYPES
 from memgrad._src.checkpointing.rewrite import rewrite_gradients
@@ -152,6 +153,7 @@ def _guarded(step, strategy, function, *args, plan=None):
     except Exception as error:  # noqa: BLE001 - what the caller caused is raised again
         if not is_internal_failure(error, strategy):
             raise
+        raise_if_locked(error, step)  # a fallback would hang
         raise _FallBack(crash_reason(step, error), plan) from error
 
 
@@ -217,6 +219,7 @@ def _rewrite_and_refine(view, plan, call):
                 grads, rewrite = rewrite_gradients(view, plan.tensors, call.grad_ys, gradients_fn, call.kwargs,
                                                    call.stop_gradients, loops=plan.loops)
         except Exception as error:  # noqa: BLE001 - any failure of the rewrite falls back
+            raise_if_locked(error, "building the rewrite")
             raise _FallBack(crash_reason("building the rewrite", error), plan) from error
         following = _guarded("refining the plan", call.strategy, _refined, call.strategy, view, plan, grads,
                              plan=plan)

@@ -40,22 +40,33 @@ _swap_lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def _swapped(name, replacement):
-    """Within the block, ``gradients_util.<name>`` is ``replacement(original)``; restored after,
-    on every exit path. Other threads' swaps wait (`_swap_lock`)."""
+def _swapped_in(module, name, replacement):
+    """Within the block, ``module.<name>`` is ``replacement(original)``; restored after, on
+    every exit path. Other threads' swaps wait (`_swap_lock`)."""
     with _swap_lock:
-        original = getattr(gradients_util, name)
-        setattr(gradients_util, name, replacement(original))
+        original = getattr(module, name)
+        setattr(module, name, replacement(original))
         try:
             yield
         finally:
-            setattr(gradients_util, name, original)
+            setattr(module, name, original)
 
 
+def _swapped(name, replacement):
+    """`_swapped_in` TensorFlow's ``gradients_util``."""
+    return _swapped_in(gradients_util, name, replacement)
+
+
+@contextlib.contextmanager
 def ordered_gradient_sums():
-    """Within the block, ``tf.gradients`` sums a tensor's gradient parts in `add_n_order`."""
-    return _swapped("_MultiDeviceAddN", lambda original: lambda tensor_list, gradient_uid: original(
-        add_n_order(tensor_list), gradient_uid))
+    """Within the block, every AddN made from Python (``tf.gradients``' sums of a tensor's
+    gradient parts, ``math_ops.add_n``, while_v2's gradient sums) takes its inputs in
+    `add_n_order`: a failing AddN shape function would leave the graph locked for good."""
+    with _swapped("_MultiDeviceAddN", lambda original: lambda tensor_list, gradient_uid: original(
+            add_n_order(tensor_list), gradient_uid)):
+        with _swapped_in(tf_internals.gen_math_ops, "add_n", lambda original: lambda inputs, name=None: original(
+                add_n_order(inputs), name=name)):
+            yield
 
 
 def gradients_across_graphs(ys, xs, grad_ys, src_graph, stop_gradients=None):
