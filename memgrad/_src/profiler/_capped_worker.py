@@ -1,18 +1,14 @@
 """What `run_capped` runs in its fresh process (the allocator cap is already in the environment)."""
 
-import importlib
-
 
 def call_capped(target, kwargs, explain=False, k=10):
     """Calls ``target(**kwargs)``; returns ``{"status": "ok", "peak_bytes": ...}`` or, if it ran
     out of memory, ``{"status": "oom", "message": ...}``, with ``"report"`` (an
     `OutOfMemoryReport` as a dict: what was alive at the failure) when ``explain`` is set.
     Other failures propagate."""
-    module_name, function_name = target.split(":")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as error:
-        raise ImportError(f"cannot import {target}: {error}") from None
+    from memgrad._src.profiler.fresh import load_target  # standard library only: no TensorFlow yet
+
+    function = load_target(target)
 
     import tensorflow as tf  # after the environment is set by the parent
 

@@ -14,6 +14,7 @@ as JSON.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import json
 import os
 import subprocess
@@ -51,6 +52,16 @@ def check_target(target) -> str:
             f"'memgrad.profiler.workloads:mlp_training_step'. Received: {target!r}"
         )
     return target
+
+
+def load_target(target):
+    """The function a ``'module:function'`` target names, imported; an ImportError naming the
+    target if it cannot be."""
+    module_name, function_name = check_target(target).split(":")
+    try:
+        return getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(f"cannot import {target}: {error}") from None
 
 
 def _environment(env):

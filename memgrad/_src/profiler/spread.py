@@ -9,10 +9,9 @@ the spread, so a figure can be quoted with its range instead of one process's re
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import statistics
 
-from memgrad._src.profiler.fresh import check_target, run_in_fresh_process
+from memgrad._src.profiler.fresh import check_target, load_target, run_in_fresh_process
 from memgrad._src.profiler.report import MemoryReport
 from memgrad._src.units import format_bytes
 
@@ -70,8 +69,7 @@ def measure_here(target, kwargs, device, warmup, repeats):
     """In a fresh process: builds the call with ``target(**kwargs)`` and measures it."""
     from memgrad._src.profiler.measure import measure_runs
 
-    module_name, function_name = target.split(":")
-    built = getattr(importlib.import_module(module_name), function_name)(**kwargs)
+    built = load_target(target)(**kwargs)
     if callable(built):
         fn, args = built, ()
     elif isinstance(built, (tuple, list)) and len(built) == 2 and callable(built[0]):

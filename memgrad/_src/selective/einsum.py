@@ -7,7 +7,6 @@ import string
 import keras
 import tensorflow as tf
 
-from memgrad._src.selective.activation import apply_activation
 from memgrad._src.selective.lean_layer import computed_weights
 from memgrad._src.selective.linear import SelectiveLinear
 
@@ -54,11 +53,6 @@ class EinsumDense(SelectiveLinear, keras.layers.EinsumDense):
             raise ValueError(
                 "memgrad's EinsumDense needs every input and kernel label in one of the other two operands "
                 f"and no '...' in the kernel. Received: equation={self.equation!r}")
-
-    def call(self, inputs, training=None):
-        if computed_weights(self) or "..." not in self.equation or tf.executing_eagerly():
-            return super().call(inputs, training)
-        return apply_activation(self.activation, self.keras_call(inputs))  # in a graph: no ellipsis
 
     def keras_call(self, inputs):
         """Keras's computation without the activation, the equation's ellipsis spelled out."""

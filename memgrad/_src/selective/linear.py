@@ -21,8 +21,8 @@ class SelectiveLinear(LeanLayer):
     kernel gradient in eager mode, since a frozen layer called without it keeps no
     input and ``tape.gradient`` returns ``None`` for its weights. Inside
     ``tf.function`` TensorFlow's own gradient pruning already drops what is not
-    needed, so the Keras computation runs unchanged there and every gradient is
-    available. The operation recorded is the linear part; the activation after it
+    needed, so `keras_call` (Keras's computation, or a subclass's equal one) runs
+    there unrecorded and every gradient is available. The operation recorded is the linear part; the activation after it
     runs through its lean version (`apply_activation`).
 
     A subclass defines ``_input_gradient`` and ``_kernel_gradient`` (or its own
@@ -52,10 +52,10 @@ class SelectiveLinear(LeanLayer):
             self.activation = activation
 
     def call(self, inputs, training=None):  # `training` as Keras's Dense/EinsumDense take it (unused)
-        if computed_weights(self) or not tf.executing_eagerly():
-            # A LoRA or quantized kernel is not one variable, and graph gradients already
-            # prune unneeded inputs: Keras's computation, activation included.
+        if computed_weights(self):  # a LoRA or quantized kernel is not one variable
             return super().call(inputs)
+        if not tf.executing_eagerly():  # graph gradients already prune unneeded inputs
+            return apply_activation(self.activation, self.keras_call(inputs))
         return apply_activation(self.activation, self.lean_call(inputs))
 
     def lean_backward(self, inputs, pre, wanted):
