@@ -143,6 +143,7 @@ add_function_to_graph = _private("tensorflow.python.ops.control_flow_util_v2",
 clear_control_inputs = _private("tensorflow.python.ops.control_flow_util_v2",
                                 "clear_control_inputs")
 WhileCondFuncGraph = _private("tensorflow.python.ops.control_flow_util_v2", "WhileCondFuncGraph")
+FuncGraph = _private("tensorflow.python.framework.func_graph", "FuncGraph")
 func_graph_from_py_func = _private("tensorflow.python.framework.func_graph",
                                    "func_graph_from_py_func")
 op_def_of = _private("tensorflow.python.framework.op_def_registry", "get")

@@ -121,3 +121,62 @@ def test_grappler_simulates_what_is_alive_together():
         # is made. one: the tanh and the 4-byte sum.
         assert peak.input_bytes == KIB256 and peak.variable_bytes == 0
         assert peak.peak_above_baseline_bytes == above, fn
+
+
+def test_a_view_of_a_buffer_is_counted_once_and_keeps_its_buffer_alive():
+    """t0 = tanh(x); r = reshape(t0) (a view of t0's buffer); t1 = tanh(r); y = sum(t1).
+    TanhGrad reads t0 through nothing but t0 itself, and t1; the reshape allocates nothing."""
+
+    def build(x):
+        t0 = tf.tanh(x, name="t0")
+        r = tf.reshape(t0, [256 * 256], name="r")
+        t1 = tf.tanh(r, name="t1")
+        y = tf.reduce_sum(t1, name="y")
+        view = ForwardGraph([y], [x])
+        profile = cut_profile(view)
+        m = MemoryModel(view)
+        return y, dict(sizes=profile.sizes.tolist(), tensor_sizes=profile.tensor_sizes.tolist(),
+                       roots=profile.roots.tolist(), deaths=profile.deaths.tolist(),
+                       saved=m.saved.tolist(), plain=m.predict([])[0])
+
+    got = _traced(build, tf.TensorSpec([256, 256]))
+    assert got["sizes"] == [KIB256, 0, KIB256, 4]  # t0, r (t0's buffer), t1, y
+    assert got["tensor_sizes"] == [KIB256, KIB256, KIB256, 4]
+    assert got["roots"] == [0, 0, 2, 3]
+    assert got["deaths"][0] == 2  # t0's buffer lives until r's consumer, t1
+    assert got["saved"] == [KIB256, 0, KIB256, 0]
+    # Two saved buffers plus the sum's gradient step (256 KiB + 4 bytes): as the chain of
+    # two tanh without the reshape. Counted as its own tensor, r would add 256 KiB.
+    assert got["plain"] == 3 * KIB256 + 4
+
+
+def test_a_custom_gradient_counts_what_its_function_reads_not_the_ops_inside():
+    """a = tanh(x); y = sum(swish(a)), swish(a) = a * sigmoid(a) under tf.custom_gradient
+    whose gradient recomputes the sigmoid from a (as TensorFlow's tf.nn.silu does): the
+    sigmoid and the product inside are never differentiated, so nothing they would read
+    is saved; what the function reads, a, is."""
+
+    @tf.custom_gradient
+    def swish(a):
+        def grad(dy):
+            s = tf.sigmoid(a)
+            return dy * s * (1.0 + a * (1.0 - s))
+        return a * tf.sigmoid(a), grad
+
+    def build(x):
+        a = tf.tanh(x, name="a")
+        y = tf.reduce_sum(swish(a), name="y")
+        view = ForwardGraph([y], [x])
+        m = MemoryModel(view)
+        by_type = {}
+        for p, op in enumerate(m.profile.ops):
+            by_type[op.type] = by_type.get(op.type, 0) + m.saved[p]
+        return y, dict(by_type=by_type, plain=m.predict([])[0])
+
+    got = _traced(build, tf.TensorSpec([256, 256]))
+    # Saved: a (TanhGrad reads it; the custom gradient reads it too: one buffer). Not the
+    # sigmoid nor the product, which TensorFlow never differentiates.
+    assert got["by_type"]["Tanh"] == KIB256
+    assert got["by_type"].get("Sigmoid", 0) == 0
+    assert got["by_type"].get("Mul", 0) == 0
+    assert sum(got["by_type"].values()) == KIB256

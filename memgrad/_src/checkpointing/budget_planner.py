@@ -52,9 +52,9 @@ class BudgetError(ValueError):
     """No checkpoint plan fits the budget (under the memory model).
 
     The message states the smallest budget some plan fits, in the terms the budget was
-    given in (bytes, or a fraction). Raised while a `tf.function` is traced; it keeps its
-    type through autograph's re-raise (its constructor takes the message alone, which
-    autograph requires), though not its attributes there.
+    given in (bytes, or a fraction). Raised while a `tf.function` is traced; autograph
+    lets it through unchanged (``ag_pass_through``), so the error caught around the
+    function's call, or around Keras's ``fit``, is this one, attributes and all.
 
     Attributes:
       budget_bytes: the budget asked for, in bytes.
@@ -66,6 +66,9 @@ class BudgetError(ValueError):
     """
 
     __init__ = Exception.__init__  # autograph re-creates only errors built from a message
+    # Autograph re-raises a converted function's errors as new ones built from the message
+    # (attributes lost) unless the error carries this attribute: then the original passes.
+    ag_pass_through = True
     budget_bytes = smallest_feasible_bytes = smallest_feasible_fraction = plain_bytes = None
 
 
@@ -207,9 +210,7 @@ class Planner:
         """The cheapest cut positions whose predicted peak fits `budget`, or None."""
         m = self.model
         n, B = self.n, float(budget)
-        forced = m.forced_bytes
-        if B < forced:
-            return None
+        forced = m.forced_prefix  # [a + 1]: kept while segments after a run backward
         starts = np.array([-1] + self.candidates, dtype=np.int64)
         S = len(starts)
         K = int(min(MAX_BUCKETS, max(MIN_BUCKETS, BUCKET_CELLS // S)))
@@ -239,9 +240,9 @@ class Planner:
 
             k_a = kept[window]                      # (w, K)
             f_a = flops[window]
-            ok = np.isfinite(f_a) & (forced + k_a + seg[:, None] <= B)
+            ok = np.isfinite(f_a) & (forced[a + 1][:, None] + k_a + seg[:, None] <= B)
             new_kept = k_a + new[:, None]
-            ok &= forced + new_kept <= B
+            ok &= forced[b + 1] + new_kept <= B
             if not ok.any():
                 continue
             rows, cols = np.nonzero(ok)
@@ -257,7 +258,7 @@ class Planner:
         best = None
         for i in range(S):
             a = starts[i]
-            fin = forced + kept[i] + self._final(a)
+            fin = forced[a + 1] + kept[i] + self._final(a)
             feasible = np.isfinite(flops[i]) & (fin <= B)
             if not feasible.any():
                 continue
@@ -286,7 +287,7 @@ class Planner:
         # Start from the best 'memory' placement (it fits its own peak): the searches
         # then run at tight budgets, where the dynamic program's windows are short.
         hi = min([self.plain_bytes] + [peak for peak, _, _ in self.family()])
-        lo = self.model.forced_bytes
+        lo = 0.0
         while hi - lo > tolerance * hi:
             mid = (lo + hi) / 2
             if self.solve(mid) is None:

@@ -226,3 +226,33 @@ def kernel_scratch(graph_def, outputs, device="CPU:0"):
             if _CACHE[key]:
                 found[node.name] = _CACHE[key]
     return found
+
+
+def shapes_folded(graph):
+    """``graph``'s GraphDef with each output of a `Shape` or `ShapeN` of a statically shaped
+    tensor replaced by a constant, as Grappler folds them before a function runs (a
+    convolution gradient's ``input_sizes`` must hold the real sizes when its kernel runs
+    alone)."""
+    graph_def = graph.as_graph_def()
+    folded = {}  # "name:port" -> the constant's name
+    for node in list(graph_def.node):
+        if node.op not in ("Shape", "ShapeN"):
+            continue
+        op = graph.get_operation_by_name(node.name)
+        dtype = tf.as_dtype(node.attr["out_type"].type)
+        for port, source in enumerate(op.inputs):
+            if not source.shape.is_fully_defined():
+                continue
+            const = graph_def.node.add()
+            const.name = f"{node.name}_folded_{port}"
+            const.op = "Const"
+            const.attr["dtype"].type = dtype.as_datatype_enum
+            const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(source.shape.as_list(), dtype))
+            folded[f"{node.name}:{port}"] = const.name
+            if port == 0:
+                folded[node.name] = const.name
+    for node in graph_def.node:
+        for i, entry in enumerate(node.input):
+            if entry in folded:
+                node.input[i] = folded[entry]
+    return graph_def

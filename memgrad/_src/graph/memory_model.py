@@ -27,8 +27,9 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.graph import idle_copies
-from memgrad._src.graph.kernels import kernel_scratch
-from memgrad._src.graph.separators import cut_profile
+from memgrad._src.graph.gradient_flow import custom_reads, differentiated_ops, is_custom
+from memgrad._src.graph.kernels import kernel_scratch, shapes_folded
+from memgrad._src.graph.separators import ALIASING_TYPES, cut_profile
 
 # Consumers that read only a tensor's shape, never its values.
 _SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
@@ -248,41 +249,11 @@ def gradient_scratch(op, device):
         scratch = _gradient_alone(op)[1].graph
         shapes = {(g_op.name, i): (t.dtype, t.shape)
                   for g_op in scratch.get_operations() for i, t in enumerate(g_op.outputs)}
-        found = max(kernel_scratch(_shapes_folded(scratch), shapes, device).values(), default=0)
+        found = max(kernel_scratch(shapes_folded(scratch), shapes, device).values(), default=0)
     except Exception:  # noqa: BLE001 - a kernel that cannot be built alone: left out
         found = 0
     _scratch_cache[key] = found
     return found
-
-
-def _shapes_folded(graph):
-    """``graph``'s GraphDef with each output of a `Shape` or `ShapeN` of a statically shaped
-    tensor replaced by a constant, as Grappler folds them before a function runs (a
-    convolution gradient's ``input_sizes`` must hold the real sizes when its kernel runs
-    alone)."""
-    graph_def = graph.as_graph_def()
-    folded = {}  # "name:port" -> the constant's name
-    for node in list(graph_def.node):
-        if node.op not in ("Shape", "ShapeN"):
-            continue
-        op = graph.get_operation_by_name(node.name)
-        dtype = tf.as_dtype(node.attr["out_type"].type)
-        for port, source in enumerate(op.inputs):
-            if not source.shape.is_fully_defined():
-                continue
-            const = graph_def.node.add()
-            const.name = f"{node.name}_folded_{port}"
-            const.op = "Const"
-            const.attr["dtype"].type = dtype.as_datatype_enum
-            const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(source.shape.as_list(), dtype))
-            folded[f"{node.name}:{port}"] = const.name
-            if port == 0:
-                folded[node.name] = const.name
-    for node in graph_def.node:
-        for i, entry in enumerate(node.input):
-            if entry in folded:
-                node.input[i] = folded[entry]
-    return graph_def
 
 
 class MemoryModel:
@@ -312,7 +283,10 @@ class MemoryModel:
       param_grads: param_grads[p] is the bytes of parameter gradients op p's gradient makes.
       flops: flops[p] is op p's forward cost.
       forced_bytes: bytes of tensors every plan keeps (inputs and outputs of ops that
-        cannot be re-run: stateful, function-calling, custom-gradient ops).
+        cannot be re-run: stateful, function-calling, custom-gradient ops);
+        ``forced_prefix[a + 1]`` those born at or before position a, alive while a later
+        segment's backward runs (plain backprop, one segment, adds none: those it reads
+        count among the saved tensors).
 
     Example:
       ```python
@@ -335,33 +309,50 @@ class MemoryModel:
         work = np.zeros(n)
         param_grads = np.zeros(n)
 
+        roots, grad_sizes = profile.roots, profile.tensor_sizes
+        flowing = differentiated_ops(ops, view.y_refs, view.region)
+
         def activations(tensors, reads):
-            """Bytes of the activations among `tensors`; marks those a gradient reads."""
+            """Bytes of the gradients of the activations among `tensors`; marks the buffers
+            of those a gradient reads (a view's: the buffer it shares)."""
             total = 0.0
             for i, t in enumerate(tensors):
                 j = index.get(t.ref())
                 if j is not None:
-                    total += profile.sizes[j]
-                    read[j] |= i in reads
+                    total += grad_sizes[j]
+                    if i in reads and roots[j] >= 0:
+                        read[roots[j]] = True
             return total
 
         self.reads, self._idle = [], {}  # per position, what its gradient reads; `idle_copies`
         for p, op in enumerate(ops):
-            in_reads, out_reads = gradient_reads(op, differentiated_inputs(view, op))
-            self.reads.append((in_reads, out_reads))
-            in_bytes = activations(op.inputs, in_reads)
+            custom = custom_reads(op) if is_custom(op) and op in flowing else None
+            if op not in flowing:  # never differentiated: its gradient reads and holds nothing
+                self.reads.append((frozenset(), frozenset()))
+            elif custom is not None:  # what the user's function captures, any forward tensor
+                activations(custom.tensors, range(len(custom.tensors)))
+                self.reads.append((frozenset(), frozenset()))
+            else:
+                self.reads.append(gradient_reads(op, differentiated_inputs(view, op)))
+            in_reads, out_reads = self.reads[-1]
+            grad_inputs = ([t for i, t in enumerate(op.inputs) if i in custom.differentiated]
+                           if custom is not None else op.inputs)
+            in_bytes = activations(grad_inputs, in_reads if custom is None else ())
             out_bytes = activations(op.outputs, out_reads)
-            elementwise = op.type in ELEMENTWISE_TYPES
-            work[p] = max(in_bytes, out_bytes) if elementwise else in_bytes + out_bytes
-            if kernels is not None:
+            elementwise = op.type in ELEMENTWISE_TYPES or op.type in ALIASING_TYPES
+            work[p] = 0.0 if op not in flowing else (
+                max(in_bytes, out_bytes) if elementwise else in_bytes + out_bytes)
+            if kernels is not None and op in flowing:
                 work[p] += gradient_scratch(op, kernels)
-            param_grads[p] = sum(
-                view.tensor_bytes(t) for t in op.inputs
+            param_grads[p] = 0.0 if op not in flowing else sum(
+                view.tensor_bytes(t) for t in grad_inputs
                 if t.ref() not in index and t.dtype.is_floating and view.is_forward(t.op))
             if not view.recomputable(op):
                 for t in (*op.inputs, *op.outputs):
                     if t.ref() in index:
                         self._forced[index[t.ref()]] = True
+        forced_views = self._forced & (roots >= 0)
+        self._forced[roots[forced_views]] = True
         saved = np.zeros(n)
         np.add.at(saved, profile.births[read], profile.sizes[read])
         self.saved = saved
@@ -369,6 +360,10 @@ class MemoryModel:
         self.param_grads = param_grads
         self.flops = np.array([view.op_flops(op) for op in ops], dtype=np.float64)
         self.forced_bytes = float(profile.sizes[self._forced].sum())
+        # forced_prefix[a + 1]: the forced bytes born at or before a, kept while the
+        # backward of a segment after a runs (those born inside it count as saved if read).
+        self.forced_prefix = np.concatenate([[0.0], np.cumsum(np.bincount(
+            profile.births[self._forced], weights=profile.sizes[self._forced], minlength=n))])
         # Prefix sums: S[p + 1] = sum over positions <= p.
         self.saved_prefix = np.concatenate([[0.0], np.cumsum(saved)])
         self.flops_prefix = np.concatenate([[0.0], np.cumsum(self.flops)])
@@ -386,10 +381,10 @@ class MemoryModel:
         for j, t in enumerate(profile.tensors):
             for c in t.consumers():
                 q = position.get(c)
-                if q is not None and q > profile.births[j]:
+                if q is not None and q > profile.births[j] and c in flowing:
                     e_birth.append(profile.births[j])
                     e_consumer.append(q)
-                    e_size.append(profile.sizes[j])
+                    e_size.append(grad_sizes[j])
         self._e_birth = np.asarray(e_birth, dtype=np.int64)
         self._e_consumer = np.asarray(e_consumer, dtype=np.int64)
         self._e_size = np.asarray(e_size, dtype=np.float64)
@@ -431,7 +426,7 @@ class MemoryModel:
         beyond = (self._e_birth <= b) & (self._e_consumer > b)
         crossing = (pr.births <= b) & (pr.deaths > b)
         # Both are alive for positions q > birth: cumulative sums over the birth.
-        correction = np.bincount(pr.births[crossing] + 1, weights=pr.sizes[crossing],
+        correction = np.bincount(pr.births[crossing] + 1, weights=pr.tensor_sizes[crossing],
                                  minlength=n + 1)
         correction -= np.bincount(self._e_birth[beyond] + 1, weights=self._e_size[beyond],
                                   minlength=n + 1)
@@ -469,14 +464,14 @@ class MemoryModel:
           `(peak_bytes, recomputed_flops)`.
         """
         cuts = sorted(set(int(c) for c in cuts if 0 <= c < self.n - 1))
-        kept = self.forced_bytes
+        kept, forced = 0.0, self.forced_prefix
         peak, flops, a = 0.0, 0.0, -1
         for b in cuts:
-            peak = max(peak, kept + self.segment_bytes(a, b))
+            peak = max(peak, forced[a + 1] + kept + self.segment_bytes(a, b))
             flops += self.segment_flops(a, b)
             kept += self.new_bytes(a, b)
             a = b
-        peak = max(peak, kept + self.segment_bytes(a, self.n - 1))
+        peak = max(peak, forced[a + 1] + kept + self.segment_bytes(a, self.n - 1))
         return peak, flops
 
     def tensors_for(self, cuts):

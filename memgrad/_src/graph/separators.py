@@ -51,6 +51,12 @@ class CutProfile:
         (the cut after op i).
       births, deaths: per tensor, the positions of its producer and its last consumer.
       tensors: the activation tensors, aligned with births and deaths.
+      sizes: per tensor, the bytes of memory it adds: 0 for a view of another tensor's
+        buffer (`ALIASING_TYPES`), whose buffer then lives until the view's last consumer.
+      tensor_sizes: per tensor, its own bytes (the size of its gradient), views included.
+      roots: per tensor, the index of the tensor whose buffer it shares (its own index for
+        one that allocates; -1 for a view of memory outside the activations: an input, a
+        weight).
     """
 
     ops: list
@@ -60,6 +66,8 @@ class CutProfile:
     deaths: np.ndarray
     tensors: list
     sizes: np.ndarray
+    tensor_sizes: np.ndarray = None
+    roots: np.ndarray = None
 
     def cut(self, i):
         """The tensors alive across the cut after op `i`: a separator."""
@@ -80,25 +88,58 @@ def cut_profile(view):
     ops = view.activation_ops
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
-    tensors, births, deaths, sizes = [], [], [], []
-    produced = np.zeros(end, dtype=np.float64)
+    tensors, births, deaths, tensor_sizes, roots = [], [], [], [], []
+    index = {}
     for i, op in enumerate(ops):
         for t in view.activation_outputs(op):
             last = max((position[c] for c in t.consumers() if c in position), default=i)
             if t.ref() in view.y_refs:
                 last = end
-            size = view.tensor_bytes(t)
+            index[t.ref()] = len(tensors)
+            source = buffer_source(t)
+            if source is None:
+                roots.append(len(tensors))
+            else:  # a view: of an earlier activation's buffer, or of memory outside them
+                root = index.get(source.ref(), -1)
+                roots.append(roots[root] if root >= 0 else -1)
             tensors.append(t)
             births.append(i)
             deaths.append(last)
-            sizes.append(size)
-            produced[i] += size
+            tensor_sizes.append(view.tensor_bytes(t))
     births = np.asarray(births, dtype=np.int64)
     deaths = np.asarray(deaths, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.float64)
+    tensor_sizes = np.asarray(tensor_sizes, dtype=np.float64)
+    roots = np.asarray(roots, dtype=np.int64)
+    own = roots == np.arange(len(tensors))
+    sizes = np.where(own, tensor_sizes, 0.0)
+    viewed = roots >= 0
+    # A shared buffer lives until the last consumer of any of its views.
+    np.maximum.at(deaths, roots[viewed], deaths[viewed])
+    produced = np.zeros(end, dtype=np.float64)
+    np.add.at(produced, births, sizes)
     delta = np.zeros(end + 1, dtype=np.float64)
     if len(tensors):
         np.add.at(delta, births, sizes)
         np.add.at(delta, np.minimum(deaths, end), -sizes)
     live = np.cumsum(delta)[:end]
-    return CutProfile(ops, np.cumsum(produced), live, births, deaths, tensors, sizes)
+    return CutProfile(ops, np.cumsum(produced), live, births, deaths, tensors, sizes,
+                      tensor_sizes, roots)
+
+
+# Ops whose kernels return a view of an input's buffer (output i of input i), allocating
+# nothing: TensorFlow's Identity, IdentityN and reshaping kernels forward the buffer.
+ALIASING_TYPES = frozenset({
+    "Identity", "IdentityN", "StopGradient", "PreventGradient", "Reshape", "Squeeze",
+    "ExpandDims", "EnsureShape", "CheckNumerics",
+})
+
+
+def buffer_source(tensor):
+    """The input whose buffer ``tensor`` is a view of (`ALIASING_TYPES`), else None."""
+    op = tensor.op
+    if op.type not in ALIASING_TYPES or tensor.value_index >= len(op.inputs):
+        return None
+    source = op.inputs[tensor.value_index if op.type == "IdentityN" else 0]
+    if source.dtype != tensor.dtype:
+        return None
+    return source

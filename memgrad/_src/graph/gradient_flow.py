@@ -1,0 +1,102 @@
+"""Which forward ops backprop differentiates, and what a custom gradient reads.
+
+TensorFlow calls an op's gradient function only when some gradient reaches one of its
+outputs. A `tf.custom_gradient` (an ``IdentityN`` op whose attribute ``_gradient_op_type``
+names the user's function) returns None for the results it passes through, so the ops
+that computed them (inside the custom function: ``x * sigmoid(x)`` of Keras's swish) are
+never differentiated: their gradients read nothing and hold nothing. What the custom
+gradient itself reads is whatever its Python function uses from the forward pass (for
+swish, the input ``x``: the sigmoid is recomputed), found by calling it once in a
+throwaway function graph nested in the forward graph and looking at what it captures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from memgrad._src import tf_internals
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomReads:
+    """What a custom gradient function reads and where it sends gradients.
+
+    Attributes:
+      tensors: the forward graph's tensors it reads (captured by its gradient ops).
+      differentiated: indices of the op's inputs it returns a gradient for.
+    """
+
+    tensors: tuple
+    differentiated: frozenset
+
+
+def is_custom(op):
+    """Whether ``op``'s gradient is a user's function (`tf.custom_gradient`)."""
+    return "_gradient_op_type" in op.node_def.attr
+
+
+_custom_cache = {}
+
+
+@tf.autograph.experimental.do_not_convert
+def custom_reads(op):
+    """`CustomReads` of a custom-gradient op, or None when its function cannot be called on
+    the side (then the caller counts every input and output as read).
+
+    The function is called once, in a function graph nested in ``op.graph`` that nothing
+    runs; its results are cached per op.
+    """
+    key = (id(op.graph), op.name)
+    if key in _custom_cache:
+        return _custom_cache[key]
+    found = None
+    try:
+        function = tf_internals.get_gradient_function(op)
+        with op.graph.as_default():
+            scratch = tf_internals.FuncGraph("memgrad_custom_gradient_probe")
+        with scratch.as_default():
+            dys = [tf.compat.v1.placeholder(t.dtype, t.shape) if t.dtype.is_floating else None
+                   for t in op.outputs]
+            grads = function(op, *dys)
+        grads = grads if isinstance(grads, (list, tuple)) else [grads]
+        read = tuple(external for external, _ in scratch.captures
+                     if getattr(external, "graph", None) is op.graph)
+        found = CustomReads(read, frozenset(i for i, g in enumerate(grads) if g is not None))
+    except Exception:  # noqa: BLE001 - a function that cannot run alone: counted as reading all
+        found = None
+    _custom_cache[key] = found
+    return found
+
+
+def differentiated_ops(ops, y_refs, region=()):
+    """The ops among ``ops`` (a topological order) whose gradient functions backprop calls:
+    those with an output among ``y_refs`` or consumed where a gradient comes back from.
+
+    An output consumed by an op outside ``ops`` counts as receiving a gradient when that op
+    is in ``region`` (the ops ``ys`` depend on: the conservative reading); by a
+    custom-gradient op, only at an input it returns a gradient for.
+    """
+    members = set(ops)
+    flowing = set()
+    for op in reversed(ops):
+        for t in op.outputs:
+            if t.ref() in y_refs or any(_passes(c, t, members, flowing, region) for c in t.consumers()):
+                flowing.add(op)
+                break
+    return flowing
+
+
+def _passes(consumer, tensor, members, flowing, region):
+    if consumer not in members:
+        return consumer in region
+    if consumer not in flowing:
+        return False
+    if not is_custom(consumer):
+        return True
+    reads = custom_reads(consumer)
+    if reads is None:
+        return True
+    return any(consumer.inputs[i].ref() == tensor.ref() for i in reads.differentiated
+               if i < len(consumer.inputs))
