@@ -180,3 +180,39 @@ def test_a_custom_gradient_counts_what_its_function_reads_not_the_ops_inside():
     assert got["by_type"].get("Sigmoid", 0) == 0
     assert got["by_type"].get("Mul", 0) == 0
     assert sum(got["by_type"].values()) == KIB256
+
+
+def test_the_same_computation_twice_is_one_buffer_as_after_grapplers_merge():
+    """a = tanh(x); r1 = relu(a), r2 = relu(a) (NASNet's branches do this); y = sum(r1 * r2).
+    Grappler merges the two ReLUs before the function runs: one buffer, read by both ReLU
+    gradients and by the product's."""
+
+    def build(x):
+        a = tf.tanh(x, name="a")
+        r1, r2 = tf.nn.relu(a, name="r1"), tf.nn.relu(a, name="r2")
+        y = tf.reduce_sum(r1 * r2, name="y")
+        profile = cut_profile(ForwardGraph([y], [x]))
+        return y, dict(names=[t.op.name for t in profile.tensors], sizes=profile.sizes.tolist(),
+                       roots=profile.roots.tolist())
+
+    got = _traced(build, tf.TensorSpec([256, 256]))
+    assert got["names"][:3] == ["a", "r1", "r2"]
+    assert got["sizes"][:3] == [KIB256, KIB256, 0]  # r2 is r1's buffer
+    assert got["roots"][:3] == [0, 1, 1]
+
+
+def test_a_half_precision_copy_of_a_weight_is_held_from_the_start():
+    """a = tanh(x16 @ cast(w0)); h = tanh(a @ cast(w1)), as mixed_float16 Dense layers
+    compute: each cast copy (128 KiB) is made when the step starts; the second product's
+    gradient for a reads w1's copy (the first's reads only x16, whose gradient is not
+    needed). The weights read themselves are no new buffers."""
+    w0, w1 = tf.Variable(tf.ones([256, 256])), tf.Variable(tf.ones([256, 256]))
+
+    def build(x):
+        a = tf.tanh(tf.matmul(tf.cast(x, tf.float16), tf.cast(w0, tf.float16)), name="a")
+        h = tf.tanh(tf.matmul(a, tf.cast(w1, tf.float16)), name="h")
+        y = tf.reduce_sum(tf.cast(h, tf.float32), name="y")
+        m = MemoryModel(ForwardGraph([y], [w0, w1]))
+        return y, m.weight_copy_bytes
+
+    assert _traced(build, tf.TensorSpec([256, 256])) == KIB256 // 2

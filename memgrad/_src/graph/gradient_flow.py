@@ -100,3 +100,25 @@ def _passes(consumer, tensor, members, flowing, region):
         return True
     return any(consumer.inputs[i].ref() == tensor.ref() for i in reads.differentiated
                if i < len(consumer.inputs))
+
+
+def feeding(made, in_grads, needed):
+    """The ops among `made` (a gradient function's) that compute the gradients of the
+    inputs in `needed`."""
+    if not isinstance(in_grads, (list, tuple)):
+        in_grads = [in_grads]
+    made_set = set(made)
+    stack = []
+    for i, g in enumerate(in_grads):
+        if i in needed and g is not None:
+            parts = (g.values, g.indices) if isinstance(g, tf.IndexedSlices) else (g,)
+            stack.extend(t.op for t in parts if hasattr(t, "op"))
+    found = set()
+    while stack:
+        g_op = stack.pop()
+        if g_op in found or g_op not in made_set:
+            continue
+        found.add(g_op)
+        stack.extend(t.op for t in g_op.inputs)
+        stack.extend(g_op.control_inputs)
+    return [g_op for g_op in made if g_op in found]

@@ -27,9 +27,9 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.graph import idle_copies
-from memgrad._src.graph.gradient_flow import custom_reads, differentiated_ops, is_custom
+from memgrad._src.graph.gradient_flow import custom_reads, differentiated_ops, feeding, is_custom
 from memgrad._src.graph.kernels import kernel_scratch, shapes_folded
-from memgrad._src.graph.separators import ALIASING_TYPES, cut_profile
+from memgrad._src.graph.separators import ALIASING_TYPES, cut_profile, weight_copy
 
 # Consumers that read only a tensor's shape, never its values.
 _SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
@@ -188,7 +188,7 @@ def _probe(op, needed=None):
     try:
         inputs, copy, made, in_grads = _gradient_alone(op)
         if needed is not None:
-            made = _feeding(made, in_grads, needed)
+            made = feeding(made, in_grads, needed)
         read = set()
         for g_op in made:
             if g_op.type not in _SHAPE_ONLY:
@@ -201,28 +201,6 @@ def _probe(op, needed=None):
         frozenset(i for i, t in enumerate(inputs) if t.ref() in read),
         frozenset(i for i, t in enumerate(copy.outputs) if t.ref() in read),
     )
-
-
-def _feeding(made, in_grads, needed):
-    """The ops among `made` (a gradient function's) that compute the gradients of the
-    inputs in `needed`."""
-    if not isinstance(in_grads, (list, tuple)):
-        in_grads = [in_grads]
-    made_set = set(made)
-    stack = []
-    for i, g in enumerate(in_grads):
-        if i in needed and g is not None:
-            parts = (g.values, g.indices) if isinstance(g, tf.IndexedSlices) else (g,)
-            stack.extend(t.op for t in parts if hasattr(t, "op"))
-    found = set()
-    while stack:
-        g_op = stack.pop()
-        if g_op in found or g_op not in made_set:
-            continue
-        found.add(g_op)
-        stack.extend(t.op for t in g_op.inputs)
-        stack.extend(g_op.control_inputs)
-    return [g_op for g_op in made if g_op in found]
 
 
 _scratch_cache = {}
@@ -311,6 +289,7 @@ class MemoryModel:
 
         roots, grad_sizes = profile.roots, profile.tensor_sizes
         flowing = differentiated_ops(ops, view.y_refs, view.region)
+        copies = {}  # weights' copies a gradient reads (`_weight_copy`): ref -> bytes
 
         def activations(tensors, reads):
             """Bytes of the gradients of the activations among `tensors`; marks the buffers
@@ -344,6 +323,11 @@ class MemoryModel:
                 max(in_bytes, out_bytes) if elementwise else in_bytes + out_bytes)
             if kernels is not None and op in flowing:
                 work[p] += gradient_scratch(op, kernels)
+            if op in flowing and custom is None:
+                for i in in_reads:
+                    t = op.inputs[i] if i < len(op.inputs) else None
+                    if t is not None and t.ref() not in index and weight_copy(view, t):
+                        copies[t.ref()] = view.tensor_bytes(t)
             param_grads[p] = 0.0 if op not in flowing else sum(
                 view.tensor_bytes(t) for t in grad_inputs
                 if t.ref() not in index and t.dtype.is_floating and view.is_forward(t.op))
@@ -369,8 +353,13 @@ class MemoryModel:
         self.flops_prefix = np.concatenate([[0.0], np.cumsum(self.flops)])
         # The parameter gradients alive at backward position q: those of ops at q and after
         # (made by then) when held, else op q's own only.
+        # The weights' copies gradients read are made when the step starts (nothing but a
+        # weight feeds them, so the executor runs them first) and live to their reader's
+        # gradient: counted at every position.
+        self.weight_copy_bytes = float(sum(copies.values()))
         self.param_suffix = np.concatenate([
-            np.cumsum(param_grads[::-1])[::-1] if self.hold_gradients else param_grads, [0.0]])
+            np.cumsum(param_grads[::-1])[::-1] if self.hold_gradients else param_grads,
+            [0.0]]) + self.weight_copy_bytes
         self.n = n
         self.position = position
         # Gradient partials: a tensor consumed by several ops receives one gradient per

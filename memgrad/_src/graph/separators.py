@@ -90,13 +90,16 @@ def cut_profile(view):
     end = len(ops)
     tensors, births, deaths, tensor_sizes, roots = [], [], [], [], []
     index = {}
+    first_of = {}  # computation key -> the first op computing it (Grappler merges the rest)
     for i, op in enumerate(ops):
+        key = computation_key(op)
+        same = first_of.setdefault(key, op) if key is not None else op
         for t in view.activation_outputs(op):
             last = max((position[c] for c in t.consumers() if c in position), default=i)
             if t.ref() in view.y_refs:
                 last = end
             index[t.ref()] = len(tensors)
-            source = buffer_source(t)
+            source = buffer_source(t) if same is op else same.outputs[t.value_index]
             if source is None:
                 roots.append(len(tensors))
             else:  # a view: of an earlier activation's buffer, or of memory outside them
@@ -134,6 +137,20 @@ ALIASING_TYPES = frozenset({
 })
 
 
+def computation_key(op):
+    """What identifies ``op``'s computation for Grappler's deduplication of identical ops
+    (the arithmetic optimizer's, before a function runs: same type, inputs and attributes,
+    stateless), or None for an op it keeps as is. NASNet applies ReLU to one tensor in
+    several branches; after the merge one buffer holds the result every branch reads."""
+    if op.op_def is None or op.op_def.is_stateful or op.control_inputs or not op.inputs:
+        return None
+    attrs = op.node_def.attr
+    if any(k.startswith("_") or attrs[k].HasField("func") for k in attrs):
+        return None
+    return (op.type, tuple(t.ref() for t in op.inputs),
+            tuple(sorted((k, attrs[k].SerializeToString()) for k in attrs)), op.device)
+
+
 def buffer_source(tensor):
     """The input whose buffer ``tensor`` is a view of (`ALIASING_TYPES`), else None."""
     op = tensor.op
@@ -143,3 +160,19 @@ def buffer_source(tensor):
     if source.dtype != tensor.dtype:
         return None
     return source
+
+
+_NO_NEW_BUFFER = frozenset({"ReadVariableOp", "Placeholder", "Const", "VarHandleOp"})
+
+
+def weight_copy(view, tensor):
+    """Whether ``tensor``, not an activation, is a new buffer the forward pass computes from
+    the weights alone: a ``mixed_float16`` layer's half-precision cast of its kernel, a
+    transposed weight. (A view of a weight's own buffer, or the weight read, is not.)"""
+    if not tensor.dtype.is_floating or not view.is_forward(tensor.op):
+        return False
+    while True:
+        source = buffer_source(tensor)
+        if source is None:
+            return tensor.op.type not in _NO_NEW_BUFFER
+        tensor = source
