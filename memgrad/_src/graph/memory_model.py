@@ -28,7 +28,8 @@ import tensorflow as tf
 from memgrad._src import tf_internals
 from memgrad._src.graph import idle_copies
 from memgrad._src.graph.gradient_flow import custom_reads, differentiated_ops, feeding, is_custom
-from memgrad._src.graph.kernels import kernel_scratch, shapes_folded
+from memgrad._src.graph.kernels import (compiled_gradient_scratch, is_compiled_call,
+                                        kernel_scratch, shapes_folded)
 from memgrad._src.graph.separators import ALIASING_TYPES, cut_profile, weight_copy
 
 # Consumers that read only a tensor's shape, never its values.
@@ -335,6 +336,10 @@ class MemoryModel:
                 for t in (*op.inputs, *op.outputs):
                     if t.ref() in index:
                         self._forced[index[t.ref()]] = True
+        compiled = [op for op in ops if op in flowing and is_compiled_call(op)]
+        if kernels is not None and compiled:
+            for op, extra in compiled_gradient_scratch(view.graph, compiled, kernels).items():
+                work[position[op]] += extra
         forced_views = self._forced & (roots >= 0)
         self._forced[roots[forced_views]] = True
         saved = np.zeros(n)
