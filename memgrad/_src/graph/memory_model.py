@@ -290,7 +290,7 @@ class MemoryModel:
 
         roots, grad_sizes = profile.roots, profile.tensor_sizes
         flowing = differentiated_ops(ops, view.y_refs, view.region)
-        copies = {}  # weights' copies a gradient reads (`_weight_copy`): ref -> bytes
+        copies = {}  # weights' copies a gradient reads (`weight_copy`): ref -> bytes
 
         def activations(tensors, reads):
             """Bytes of the gradients of the activations among `tensors`; marks the buffers
