@@ -32,12 +32,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
-import subprocess
 import sys
 
 MiB = 2**20
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (builder, image size or sequence length, batch, dtype policy)
 MODELS = {
@@ -191,13 +188,14 @@ def measure_model(name, calls):
     return row
 
 
-def _in_fresh_process(name, calls, env):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--calls", str(calls)],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"model": name, "failure": (out.stderr or out.stdout)[-2000:]}
+def _in_fresh_process(name, calls):
+    from memgrad._src.profiler.fresh import FreshProcessError, run_in_fresh_process
+
+    try:
+        return run_in_fresh_process("model_accuracy:measure_model", [name, calls], timeout=3600,
+                                    env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    except FreshProcessError as error:
+        return {"model": name, "failure": str(error)[-2000:]}
 
 
 def misses(row):
@@ -253,19 +251,14 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--table", default=None, help="print the table of a JSON file --out wrote")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.table:
         with open(args.table) as f:
             print(table(json.load(f)))
         return 0
-    if args.one:
-        print(json.dumps(measure_model(args.one, args.calls)))
-        return 0
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     rows = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(_in_fresh_process, name, args.calls, env) for name in args.models]
+        futures = [pool.submit(_in_fresh_process, name, args.calls) for name in args.models]
         for future in concurrent.futures.as_completed(futures):
             rows.append(future.result())
             print(json.dumps(rows[-1]), flush=True)

@@ -37,21 +37,14 @@ def is_custom(op):
     return "_gradient_op_type" in op.node_def.attr
 
 
-_custom_cache = {}
-
-
 @tf.autograph.experimental.do_not_convert
 def custom_reads(op):
     """`CustomReads` of a custom-gradient op, or None when its function cannot be called on
     the side (then the caller counts every input and output as read).
 
-    The function is called once, in a function graph nested in ``op.graph`` that nothing
-    runs; its results are cached per op.
+    The function is called in a function graph nested in ``op.graph`` that nothing runs.
+    Each call calls the user's function once: callers keep what it found (`read_once`).
     """
-    key = (id(op.graph), op.name)
-    if key in _custom_cache:
-        return _custom_cache[key]
-    found = None
     try:
         function = tf_internals.get_gradient_function(op)
         with op.graph.as_default():
@@ -63,39 +56,47 @@ def custom_reads(op):
         grads = grads if isinstance(grads, (list, tuple)) else [grads]
         read = tuple(external for external, _ in scratch.captures
                      if getattr(external, "graph", None) is op.graph)
-        found = CustomReads(read, frozenset(i for i, g in enumerate(grads) if g is not None))
+        return CustomReads(read, frozenset(i for i, g in enumerate(grads) if g is not None))
     except Exception:  # noqa: BLE001 - a function that cannot run alone: counted as reading all
-        found = None
-    _custom_cache[key] = found
-    return found
+        return None
 
 
-def differentiated_ops(ops, y_refs, region=()):
+def read_once(op, memo):
+    """`custom_reads` of ``op``, kept in the dict ``memo``: the user's function is called
+    once per op however many times its readings are asked for."""
+    if op not in memo:
+        memo[op] = custom_reads(op)
+    return memo[op]
+
+
+def differentiated_ops(ops, y_refs, region=(), customs=None):
     """The ops among ``ops`` (a topological order) whose gradient functions backprop calls:
     those with an output among ``y_refs`` or consumed where a gradient comes back from.
 
     An output consumed by an op outside ``ops`` counts as receiving a gradient when that op
     is in ``region`` (the ops ``ys`` depend on: the conservative reading); by a
-    custom-gradient op, only at an input it returns a gradient for.
+    custom-gradient op, only at an input it returns a gradient for (``customs``: the memo of
+    `read_once`, shared with the caller so no function is called twice).
     """
+    customs = {} if customs is None else customs
     members = set(ops)
     flowing = set()
     for op in reversed(ops):
         for t in op.outputs:
-            if t.ref() in y_refs or any(_passes(c, t, members, flowing, region) for c in t.consumers()):
+            if t.ref() in y_refs or any(_passes(c, t, members, flowing, region, customs) for c in t.consumers()):
                 flowing.add(op)
                 break
     return flowing
 
 
-def _passes(consumer, tensor, members, flowing, region):
+def _passes(consumer, tensor, members, flowing, region, customs):
     if consumer not in members:
         return consumer in region
     if consumer not in flowing:
         return False
     if not is_custom(consumer):
         return True
-    reads = custom_reads(consumer)
+    reads = read_once(consumer, customs)
     if reads is None:
         return True
     return any(consumer.inputs[i].ref() == tensor.ref() for i in reads.differentiated

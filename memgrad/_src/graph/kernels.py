@@ -260,12 +260,13 @@ def shapes_folded(graph):
     return graph_def
 
 
+CALL_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
 def is_compiled_call(op):
-    """Whether ``op`` calls a function XLA compiles (``jit_compile=True``: Keras's grouped
-    convolutions on CPU are such calls)."""
-    attr = op.node_def.attr
-    return op.type in ("PartitionedCall", "StatefulPartitionedCall") and (
-        "_XlaMustCompile" in attr and attr["_XlaMustCompile"].b)
+    """Whether ``op`` is a call marked for XLA compilation (``jit_compile=True``: Keras's
+    grouped convolutions on CPU are such calls)."""
+    return op.type in CALL_TYPES and _compiled(op.node_def, ())
 
 
 @tf.autograph.experimental.do_not_convert

@@ -27,8 +27,8 @@ import tensorflow as tf
 
 from memgrad._src import tf_internals
 from memgrad._src.graph import idle_copies
-from memgrad._src.graph.gradient_flow import custom_reads, differentiated_ops, feeding, is_custom
-from memgrad._src.graph.kernels import (compiled_gradient_scratch, is_compiled_call,
+from memgrad._src.graph.gradient_flow import differentiated_ops, feeding, is_custom, read_once
+from memgrad._src.graph.kernels import (CALL_TYPES, compiled_gradient_scratch, is_compiled_call,
                                         kernel_scratch, shapes_folded)
 from memgrad._src.graph.separators import ALIASING_TYPES, cut_profile, weight_copy
 
@@ -138,7 +138,6 @@ def inputs_from_outside(ops):
     return list(inputs.values())
 
 
-_FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 def _gradient_alone(op):
@@ -179,7 +178,7 @@ def _probe(op, needed=None):
         frozenset(i for i, t in enumerate(op.inputs) if t.dtype.is_floating),
         frozenset(i for i, t in enumerate(op.outputs) if t.dtype.is_floating),
     )
-    if op.type in _FUNCTION_CALLS:
+    if op.type in CALL_TYPES:
         # A function call's gradient is a call of its backward function, built from the
         # forward function's graph: run on a copy in a scratch graph it can crash
         # TensorFlow outright (a segfault in gradients_util._Consumers, seen on the gradient
@@ -289,7 +288,8 @@ class MemoryModel:
         param_grads = np.zeros(n)
 
         roots, grad_sizes = profile.roots, profile.tensor_sizes
-        flowing = differentiated_ops(ops, view.y_refs, view.region)
+        customs = {}  # custom gradients' readings (`read_once`): each function called once
+        flowing = differentiated_ops(ops, view.y_refs, view.region, customs)
         copies = {}  # weights' copies a gradient reads (`weight_copy`): ref -> bytes
 
         def activations(tensors, reads):
@@ -306,7 +306,7 @@ class MemoryModel:
 
         self.reads, self._idle = [], {}  # per position, what its gradient reads; `idle_copies`
         for p, op in enumerate(ops):
-            custom = custom_reads(op) if is_custom(op) and op in flowing else None
+            custom = read_once(op, customs) if is_custom(op) and op in flowing else None
             if op not in flowing:  # never differentiated: its gradient reads and holds nothing
                 self.reads.append((frozenset(), frozenset()))
             elif custom is not None:  # what the user's function captures, any forward tensor
@@ -336,8 +336,8 @@ class MemoryModel:
                 for t in (*op.inputs, *op.outputs):
                     if t.ref() in index:
                         self._forced[index[t.ref()]] = True
-        compiled = [op for op in ops if op in flowing and is_compiled_call(op)]
-        if kernels is not None and compiled:
+        if kernels is not None:
+            compiled = [op for op in ops if op in flowing and is_compiled_call(op)]
             for op, extra in compiled_gradient_scratch(view.graph, compiled, kernels).items():
                 work[position[op]] += extra
         forced_views = self._forced & (roots >= 0)
